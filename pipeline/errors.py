@@ -1,0 +1,32 @@
+"""One exception tree; the type says whether a failed stage may be retried."""
+
+from __future__ import annotations
+
+
+class PipelineError(Exception):
+    """Base of every error the pipeline raises on purpose."""
+
+    is_retryable = False
+
+
+class InputError(PipelineError):
+    """The input cannot be converted as given (missing file, unsupported architecture)."""
+
+
+class IntegrityError(PipelineError):
+    """Bytes are not what they claim to be (checksum or format mismatch); keep the evidence."""
+
+
+class TransientError(PipelineError):
+    """A passing fault (network, hub 5xx, lost worker): retrying may succeed."""
+
+    is_retryable = True
+
+
+class IllegalTransition(PipelineError):
+    """A status change that the transition table does not allow."""
+
+
+def error_kind(exc: BaseException) -> str:
+    """'retryable' or 'permanent', as stored on a failed stage run."""
+    return "retryable" if getattr(exc, "is_retryable", False) else "permanent"

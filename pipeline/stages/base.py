@@ -1,0 +1,90 @@
+"""The contract every stage follows: files and parameters in, files and numbers out.
+
+A stage never touches the database, the broker or the environment. The caller
+(embedded coordinator or a Celery task) gives it read-only input files and an empty
+work folder; the stage writes its outputs inside that folder and returns a
+`StageResult` naming them. The caller then stores each output by content hash.
+
+Input and output files carry a logical *name*: a relative POSIX path such as
+``config.json``, ``model-00001-of-00002.safetensors``, ``manifest.json`` or
+``ternary/part-00001.safetensors``. Inputs from upstream stages are keyed
+``"<stage>/<name>"`` (for example ``"download/config.json"``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pipeline.errors import InputError
+
+__all__ = [
+    "InputFile",
+    "OutputFile",
+    "StageResult",
+    "sha256_file",
+    "inputs_of",
+    "safe_relpath",
+]
+
+_HASH_CHUNK_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input artifact as the stage sees it: where it lies and what it must hash to."""
+
+    name: str
+    path: Path
+    sha256: str
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class OutputFile:
+    """One file a stage wrote inside its work folder."""
+
+    name: str
+    path: Path
+    kind: str
+    media_type: str = "application/octet-stream"
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What a stage hands back: its output files, its metrics and any warnings."""
+
+    outputs: tuple[OutputFile, ...]
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, streamed (never reads the whole file into memory)."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def inputs_of(inputs: Mapping[str, InputFile], stage: str) -> dict[str, InputFile]:
+    """The inputs that came from one upstream stage, keyed by their own name."""
+    prefix = f"{stage}/"
+    return {key[len(prefix):]: item for key, item in inputs.items() if key.startswith(prefix)}
+
+
+def safe_relpath(name: str) -> PurePosixPath:
+    """Check that a repository file name stays inside its folder.
+
+    Raises InputError for absolute paths, `..` parts, backslashes or empty names:
+    hostile repositories use them to write outside the snapshot.
+    """
+    if not name or "\\" in name or "\x00" in name:
+        raise InputError(f"file name {name!r} is not a plain relative path; refusing it")
+    rel = PurePosixPath(name)
+    if rel.is_absolute() or any(part in ("..", ".", "") for part in rel.parts):
+        raise InputError(
+            f"file name {name!r} escapes the snapshot folder (absolute or '..'); refusing it"
+        )
+    return rel
