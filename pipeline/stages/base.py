@@ -23,6 +23,7 @@ from pipeline.errors import InputError
 
 __all__ = [
     "InputFile",
+    "JobSpec",
     "OutputFile",
     "StageResult",
     "sha256_file",
@@ -88,3 +89,16 @@ def safe_relpath(name: str) -> PurePosixPath:
             f"file name {name!r} escapes the snapshot folder (absolute or '..'); refusing it"
         )
     return rel
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a job asked for, as stages see it when they build their parameters.
+
+    `options` holds recipe knobs keyed by name (for example ``{"method": "optimal"}``);
+    each stage picks the ones it understands and rejects nothing it does not.
+    """
+
+    source: str
+    recipe: str = "tq2_0"
+    options: Mapping[str, Any] = field(default_factory=dict)
