@@ -1,0 +1,1 @@
+"""Persistence: models, engine/session factory and the repository that writes status."""

@@ -1,0 +1,150 @@
+"""The data model: jobs, one stage-run row per attempt, artifacts, links, provenance.
+
+Rows are only ever added; an attempt that failed stays as it was when a new attempt
+is made. Status columns are written by `pipeline.db.repo` alone.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+__all__ = ["Base", "Job", "StageRun", "Artifact", "RunArtifact", "Provenance", "utcnow"]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {
+        dict[str, Any]: JSON,
+        list[str]: JSON,
+        datetime: DateTime(timezone=True),
+    }
+
+
+class Job(Base):
+    """What was asked for: a source, a recipe and its parameters."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    source: Mapped[str] = mapped_column(String(2048))
+    resolved_revision: Mapped[str | None] = mapped_column(String(64))
+    recipe: Mapped[str] = mapped_column(String(64))
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    submitted_by: Mapped[str | None] = mapped_column(String(256))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+    stage_runs: Mapped[list[StageRun]] = relationship(
+        back_populates="job", order_by="StageRun.id", cascade="all, delete-orphan"
+    )
+
+
+class StageRun(Base):
+    """One attempt at one stage of one job."""
+
+    __tablename__ = "stage_runs"
+    __table_args__ = (
+        UniqueConstraint("job_id", "stage", "attempt", name="uq_stage_runs_job_stage_attempt"),
+        Index("ix_stage_runs_status", "status"),
+        Index("ix_stage_runs_cache_key", "cache_key"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    stage: Mapped[str] = mapped_column(String(32))
+    attempt: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))
+    worker_host: Mapped[str | None] = mapped_column(String(256))
+    device: Mapped[str | None] = mapped_column(String(64))
+    task_id: Mapped[str | None] = mapped_column(String(64))
+    cache_key: Mapped[str | None] = mapped_column(String(64))
+    # For skipped-cached runs: the run whose outputs were reused.
+    cached_from_id: Mapped[int | None] = mapped_column(ForeignKey("stage_runs.id"))
+    error_kind: Mapped[str | None] = mapped_column(String(16))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    error_traceback: Mapped[str | None] = mapped_column(Text)
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    warnings: Mapped[list[str]] = mapped_column(default=list)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    queued_at: Mapped[datetime | None]
+    started_at: Mapped[datetime | None]
+    heartbeat_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+    job: Mapped[Job] = relationship(back_populates="stage_runs")
+    links: Mapped[list[RunArtifact]] = relationship(
+        back_populates="stage_run", order_by="RunArtifact.name", cascade="all, delete-orphan"
+    )
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return (self.finished_at - self.started_at).total_seconds()
+
+
+class Artifact(Base):
+    """One stored file, addressed by its content hash."""
+
+    __tablename__ = "artifacts"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    uri: Mapped[str] = mapped_column(String(2048))
+    media_type: Mapped[str] = mapped_column(String(128))
+    created_by_run_id: Mapped[int | None] = mapped_column(ForeignKey("stage_runs.id"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class RunArtifact(Base):
+    """A stage run read (`in`) or wrote (`out`) an artifact under a logical name."""
+
+    __tablename__ = "run_artifacts"
+
+    stage_run_id: Mapped[int] = mapped_column(
+        ForeignKey("stage_runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    direction: Mapped[str] = mapped_column(String(3), primary_key=True)
+    name: Mapped[str] = mapped_column(String(1024), primary_key=True)
+    artifact_sha256: Mapped[str] = mapped_column(ForeignKey("artifacts.sha256"), index=True)
+
+    stage_run: Mapped[StageRun] = relationship(back_populates="links")
+    artifact: Mapped[Artifact] = relationship()
+
+
+class Provenance(Base):
+    """An in-toto Statement about one output artifact of one stage run."""
+
+    __tablename__ = "provenance"
+    __table_args__ = (
+        UniqueConstraint("artifact_sha256", "stage_run_id", name="uq_provenance_artifact_run"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    artifact_sha256: Mapped[str] = mapped_column(ForeignKey("artifacts.sha256"), index=True)
+    stage_run_id: Mapped[int] = mapped_column(ForeignKey("stage_runs.id", ondelete="CASCADE"))
+    statement: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

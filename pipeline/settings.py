@@ -1,0 +1,76 @@
+"""Every setting in one frozen object, read from `BONSAI_*` variables at the edge.
+
+Only entry points (cli.py, api.py, workers/celery_app.py) call `Settings.from_env()`;
+everything else receives a Settings instance. With nothing set, the embedded default
+applies: a SQLite file and an artifact store under `BONSAI_HOME` (default
+``./.bonsai``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from pipeline.errors import InputError
+
+__all__ = ["Settings"]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BONSAI_", frozen=True, extra="ignore")
+
+    # Data folder of the embedded mode: SQLite file, artifact store, work folders.
+    home: Path = Field(default=Path(".bonsai"))
+    # SQLAlchemy URL; empty means SQLite at <home>/bonsai.db.
+    database_url: str = ""
+    # Celery broker; empty means stages run in-process (embedded mode).
+    broker_url: str = ""
+    # Root of the content-addressed artifact store; empty means <home>/artifacts.
+    artifact_root: Path | None = None
+    # Where stages get their scratch folders; empty means <home>/work.
+    work_root: Path | None = None
+    # Attempts of one stage before the job fails for good (worker lost, retryable errors).
+    max_attempts: int = 3
+    # Seconds without a heartbeat after which a running stage counts as lost.
+    heartbeat_timeout_s: float = 120.0
+    # Hugging Face token, passed to the hub client only; never stored or logged.
+    hf_token: str | None = Field(default=None, repr=False)
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> Settings:
+        """Read `BONSAI_*` variables; explicit overrides (CLI options) win when not None."""
+        return cls(**{key: value for key, value in overrides.items() if value is not None})
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.home / 'bonsai.db').resolve()}"
+
+    @property
+    def resolved_artifact_root(self) -> Path:
+        return (self.artifact_root or self.home / "artifacts").resolve()
+
+    @property
+    def resolved_work_root(self) -> Path:
+        return (self.work_root or self.home / "work").resolve()
+
+    @property
+    def is_embedded(self) -> bool:
+        return not self.broker_url
+
+    def validate_all(self) -> Settings:
+        """Check values a process cannot run without; returns self for chaining."""
+        if self.max_attempts < 1:
+            raise InputError(f"BONSAI_MAX_ATTEMPTS must be at least 1, got {self.max_attempts}")
+        if self.heartbeat_timeout_s <= 0:
+            raise InputError(
+                f"BONSAI_HEARTBEAT_TIMEOUT_S must be positive, got {self.heartbeat_timeout_s}"
+            )
+        scheme = self.resolved_database_url.split(":", 1)[0]
+        if not scheme.startswith(("sqlite", "postgresql")):
+            raise InputError(
+                f"BONSAI_DATABASE_URL scheme {scheme!r} is not supported; use sqlite:/// or postgresql+psycopg://"
+            )
+        return self
