@@ -1,0 +1,1 @@
+"""Alembic migrations; `pipeline.db.migrate` runs them."""
