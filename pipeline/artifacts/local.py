@@ -1,0 +1,84 @@
+"""Artifact store on a local (or shared network) folder: <root>/sha256/ab/abcdef…"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from pipeline.artifacts.store import StoredArtifact, check_digest
+from pipeline.errors import IntegrityError
+
+__all__ = ["LocalStore"]
+
+_COPY_CHUNK_BYTES = 8 * 1024 * 1024
+
+
+class LocalStore:
+    """Files live under `root`; each is written to a temporary name, fsynced, then renamed."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).resolve()
+        (self.root / "tmp").mkdir(parents=True, exist_ok=True)
+
+    def _final_path(self, sha256: str) -> Path:
+        check_digest(sha256)
+        return self.root / "sha256" / sha256[:2] / sha256
+
+    def put(self, source: Path, expected_sha256: str | None = None) -> StoredArtifact:
+        if expected_sha256 is not None and self.has(expected_sha256):
+            final = self._final_path(expected_sha256)
+            return StoredArtifact(expected_sha256, final.stat().st_size, final.as_uri())
+        fd, tmp_name = tempfile.mkstemp(dir=self.root / "tmp", prefix="put-")
+        tmp = Path(tmp_name)
+        try:
+            digest = hashlib.sha256()
+            size = 0
+            with open(source, "rb") as src, os.fdopen(fd, "wb") as dst:
+                # Hash while copying: one read of the bytes proves what was stored.
+                while chunk := src.read(_COPY_CHUNK_BYTES):
+                    digest.update(chunk)
+                    dst.write(chunk)
+                    size += len(chunk)
+                dst.flush()
+                os.fsync(dst.fileno())
+            sha256 = digest.hexdigest()
+            if expected_sha256 is not None and sha256 != expected_sha256:
+                raise IntegrityError(
+                    f"{source}: stored bytes hash to {sha256}, expected {expected_sha256}; not stored"
+                )
+            final = self._final_path(sha256)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            if final.exists():
+                return StoredArtifact(sha256, size, final.as_uri())
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, final)
+            return StoredArtifact(sha256, size, final.as_uri())
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def has(self, sha256: str) -> bool:
+        return self._final_path(sha256).is_file()
+
+    def path(self, sha256: str) -> Path:
+        final = self._final_path(sha256)
+        if not final.is_file():
+            raise KeyError(f"artifact {sha256} is not in the store at {self.root}")
+        return final
+
+    def verify(self, sha256: str) -> bool:
+        with open(self.path(sha256), "rb") as handle:
+            return hashlib.file_digest(handle, "sha256").hexdigest() == sha256
+
+    def uri(self, sha256: str) -> str:
+        return self._final_path(sha256).as_uri()
+
+    def remove_tmp(self) -> int:
+        """Delete leftovers of interrupted puts; returns how many were removed."""
+        count = 0
+        for leftover in (self.root / "tmp").iterdir():
+            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+            count += 1
+        return count

@@ -1,0 +1,58 @@
+"""The artifact store interface: bytes in, addressed by their sha256, never changed.
+
+Keys are lowercase hex sha256 digests. `put` hashes the bytes it stores and refuses
+them when they do not match the digest the caller expected; storing bytes that are
+already present is a no-op that returns the existing entry.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from pipeline.errors import InputError
+
+__all__ = ["ArtifactStore", "StoredArtifact", "check_digest"]
+
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class StoredArtifact:
+    sha256: str
+    size_bytes: int
+    uri: str
+
+
+class ArtifactStore(Protocol):
+    def put(self, source: Path, expected_sha256: str | None = None) -> StoredArtifact:
+        """Store the file at `source`; raise IntegrityError if it does not hash to `expected_sha256`.
+
+        The source file is left in place. Concurrent puts of the same bytes are safe.
+        """
+        ...
+
+    def has(self, sha256: str) -> bool:
+        """Whether bytes with this digest are stored."""
+        ...
+
+    def path(self, sha256: str) -> Path:
+        """A local, read-only path to the stored bytes; KeyError when absent."""
+        ...
+
+    def verify(self, sha256: str) -> bool:
+        """Re-hash the stored bytes; True when they still match their key."""
+        ...
+
+    def uri(self, sha256: str) -> str:
+        """The URI recorded in the database for this digest."""
+        ...
+
+
+def check_digest(sha256: str) -> str:
+    """Return `sha256` when it is a well-formed key; InputError otherwise (blocks path tricks)."""
+    if not _DIGEST.match(sha256):
+        raise InputError(f"{sha256!r} is not a sha256 digest (64 lowercase hex characters)")
+    return sha256
