@@ -17,7 +17,11 @@ _COPY_CHUNK_BYTES = 8 * 1024 * 1024
 
 
 class LocalStore:
-    """Files live under `root`; each is written to a temporary name, fsynced, then renamed."""
+    """Files live under `root`; each is written (or hard-linked) to a temporary name, then renamed.
+
+    A work-folder file that has no other name is hard-linked rather than copied: stages
+    write their outputs on the same disk, and a multi-GB model should not be copied twice.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root).resolve()
@@ -34,30 +38,51 @@ class LocalStore:
         fd, tmp_name = tempfile.mkstemp(dir=self.root / "tmp", prefix="put-")
         tmp = Path(tmp_name)
         try:
-            digest = hashlib.sha256()
-            size = 0
-            with open(source, "rb") as src, os.fdopen(fd, "wb") as dst:
-                # Hash while copying: one read of the bytes proves what was stored.
-                while chunk := src.read(_COPY_CHUNK_BYTES):
-                    digest.update(chunk)
-                    dst.write(chunk)
-                    size += len(chunk)
-                dst.flush()
-                os.fsync(dst.fileno())
-            sha256 = digest.hexdigest()
+            if self._can_link(source):
+                os.close(fd)
+                sha256, size = self._link_and_hash(source, tmp)
+            else:
+                sha256, size = self._copy_and_hash(source, fd)
             if expected_sha256 is not None and sha256 != expected_sha256:
                 raise IntegrityError(
                     f"{source}: stored bytes hash to {sha256}, expected {expected_sha256}; not stored"
                 )
             final = self._final_path(sha256)
             final.parent.mkdir(parents=True, exist_ok=True)
-            if final.exists():
-                return StoredArtifact(sha256, size, final.as_uri())
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, final)
+            if not final.exists():
+                os.chmod(tmp, 0o444)
+                os.replace(tmp, final)
             return StoredArtifact(sha256, size, final.as_uri())
         finally:
             tmp.unlink(missing_ok=True)
+
+    def _can_link(self, source: Path) -> bool:
+        # A file with other names (a user's folder linked into a work folder) is copied, so
+        # nothing the user later does to it can change stored bytes, and vice versa.
+        stat = os.stat(source)
+        return stat.st_nlink == 1 and stat.st_dev == os.stat(self.root).st_dev
+
+    @staticmethod
+    def _link_and_hash(source: Path, tmp: Path) -> tuple[str, int]:
+        tmp.unlink()
+        os.link(source, tmp)
+        with open(tmp, "rb") as handle:
+            digest = hashlib.file_digest(handle, "sha256")
+        return digest.hexdigest(), tmp.stat().st_size
+
+    @staticmethod
+    def _copy_and_hash(source: Path, fd: int) -> tuple[str, int]:
+        digest = hashlib.sha256()
+        size = 0
+        with open(source, "rb") as src, os.fdopen(fd, "wb") as dst:
+            # Hash while copying: one read of the bytes proves what was stored.
+            while chunk := src.read(_COPY_CHUNK_BYTES):
+                digest.update(chunk)
+                dst.write(chunk)
+                size += len(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
+        return digest.hexdigest(), size
 
     def has(self, sha256: str) -> bool:
         return self._final_path(sha256).is_file()
