@@ -1,0 +1,182 @@
+"""The only code that writes status columns; every write goes through the transition table.
+
+Functions take an open Session and leave committing to the caller, so one unit of
+work (say "mark succeeded and link the outputs") commits or rolls back as a whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from pipeline.db.models import Artifact, Job, Provenance, RunArtifact, StageRun, utcnow
+from pipeline.errors import InputError
+from pipeline.states import JobState, StageName, StageState, require
+
+__all__ = [
+    "create_job",
+    "get_job",
+    "list_jobs",
+    "new_attempt",
+    "set_stage_state",
+    "set_job_state",
+    "latest_runs",
+    "record_artifact",
+    "link_artifact",
+    "add_provenance",
+    "find_cached_run",
+]
+
+
+def create_job(
+    session: Session,
+    source: str,
+    recipe: str,
+    params: Mapping[str, Any] | None = None,
+    priority: int = 0,
+    submitted_by: str | None = None,
+) -> Job:
+    job = Job(
+        source=source,
+        recipe=recipe,
+        params=dict(params or {}),
+        status=JobState.PENDING.value,
+        priority=priority,
+        submitted_by=submitted_by,
+    )
+    session.add(job)
+    session.flush()
+    return job
+
+
+def get_job(session: Session, job_id: int) -> Job:
+    job = session.get(Job, job_id)
+    if job is None:
+        raise InputError(f"job {job_id} does not exist (see `bonsai jobs` for the list)")
+    return job
+
+
+def list_jobs(session: Session, status: str | None = None, limit: int | None = None) -> Sequence[Job]:
+    query = select(Job).order_by(Job.id)
+    if status is not None:
+        query = query.where(Job.status == JobState(status).value)
+    if limit is not None:
+        query = query.limit(limit)
+    return session.scalars(query).all()
+
+
+def new_attempt(
+    session: Session, job: Job, stage: StageName, state: StageState = StageState.PENDING
+) -> StageRun:
+    """Add the next attempt row for `stage`; earlier attempts stay as they are."""
+    last = session.scalar(
+        select(func.max(StageRun.attempt)).where(StageRun.job_id == job.id, StageRun.stage == stage.value)
+    )
+    run = StageRun(job_id=job.id, stage=stage.value, attempt=(last or 0) + 1, status=state.value)
+    if state is StageState.QUEUED:
+        run.queued_at = utcnow()
+    session.add(run)
+    session.flush()
+    return run
+
+
+def set_stage_state(session: Session, run: StageRun, new: StageState, **fields: Any) -> StageRun:
+    """Move a stage run to `new` (checked), stamping times and any extra columns given."""
+    require(StageState(run.status), new)
+    now = utcnow()
+    run.status = new.value
+    if new is StageState.QUEUED:
+        run.queued_at = now
+    elif new is StageState.RUNNING:
+        run.started_at = now
+        run.heartbeat_at = now
+    elif new.is_final:
+        run.finished_at = now
+    for name, value in fields.items():
+        if not hasattr(StageRun, name):
+            raise AttributeError(f"StageRun has no column {name!r}")
+        setattr(run, name, value)
+    session.flush()
+    return run
+
+
+def set_job_state(session: Session, job: Job, new: JobState, error_message: str | None = None) -> Job:
+    old = JobState(job.status)
+    if old is new:
+        return job
+    require(old, new)
+    now = utcnow()
+    job.status = new.value
+    if new is JobState.RUNNING:
+        job.started_at = job.started_at or now
+        job.finished_at = None
+        job.error_message = None
+    elif new.is_final:
+        job.finished_at = now
+    if error_message is not None:
+        job.error_message = error_message
+    session.flush()
+    return job
+
+
+def latest_runs(session: Session, job_id: int) -> dict[StageName, StageRun]:
+    """The newest attempt of each stage that has one."""
+    runs = session.scalars(
+        select(StageRun).where(StageRun.job_id == job_id).order_by(StageRun.attempt)
+    ).all()
+    return {StageName(run.stage): run for run in runs}
+
+
+def record_artifact(
+    session: Session,
+    sha256: str,
+    size_bytes: int,
+    uri: str,
+    kind: str,
+    media_type: str,
+    created_by: StageRun | None,
+) -> Artifact:
+    """The Artifact row for these bytes, created on first sight (same bytes, one row)."""
+    artifact = session.get(Artifact, sha256)
+    if artifact is None:
+        artifact = Artifact(
+            sha256=sha256,
+            size_bytes=size_bytes,
+            uri=uri,
+            kind=kind,
+            media_type=media_type,
+            created_by_run_id=created_by.id if created_by is not None else None,
+        )
+        session.add(artifact)
+        session.flush()
+    return artifact
+
+
+def link_artifact(session: Session, run: StageRun, direction: str, name: str, artifact: Artifact) -> None:
+    if direction not in ("in", "out"):
+        raise ValueError(f"direction must be 'in' or 'out', got {direction!r}")
+    session.merge(
+        RunArtifact(stage_run_id=run.id, direction=direction, name=name, artifact_sha256=artifact.sha256)
+    )
+    session.flush()
+
+
+def add_provenance(session: Session, artifact: Artifact, run: StageRun, statement: dict[str, Any]) -> None:
+    session.add(Provenance(artifact_sha256=artifact.sha256, stage_run_id=run.id, statement=statement))
+    session.flush()
+
+
+def find_cached_run(session: Session, cache_key: str, exclude_run_id: int | None = None) -> StageRun | None:
+    """The earliest succeeded run with this cache key, if any."""
+    query = (
+        select(StageRun)
+        .where(StageRun.cache_key == cache_key, StageRun.status == StageState.SUCCEEDED.value)
+        .order_by(StageRun.id)
+        .limit(1)
+    )
+    if exclude_run_id is not None:
+        query = query.where(StageRun.id != exclude_run_id)
+    return session.scalar(query)

@@ -1,0 +1,28 @@
+"""The six stages, each a module with NAME, VERSION, Params, make_params() and run().
+
+Modules are imported on first use: torch and llama.cpp load only where a stage needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from pipeline.states import StageName
+
+__all__ = ["load_stage", "UPSTREAM"]
+
+# Which earlier stages' outputs each stage reads; the cache key hashes exactly these.
+UPSTREAM: dict[StageName, tuple[StageName, ...]] = {
+    StageName.DOWNLOAD: (),
+    StageName.CHECKSUM: (StageName.DOWNLOAD,),
+    StageName.INSPECT: (StageName.DOWNLOAD, StageName.CHECKSUM),
+    StageName.DECOMPOSE: (StageName.DOWNLOAD, StageName.INSPECT),
+    StageName.PACKAGE: (StageName.DOWNLOAD, StageName.INSPECT, StageName.DECOMPOSE),
+    StageName.VALIDATE: (StageName.PACKAGE, StageName.DECOMPOSE),
+}
+
+
+def load_stage(stage: StageName) -> ModuleType:
+    """The module implementing `stage`."""
+    return importlib.import_module(f"pipeline.stages.{stage.value}")
