@@ -66,7 +66,7 @@ class JobState(str, Enum):
 
 _S = StageState
 _STAGE_MOVES: dict[StageState, frozenset[StageState]] = {
-    _S.PENDING: frozenset({_S.QUEUED, _S.RUNNING, _S.SKIPPED_CACHED, _S.CANCELLED}),
+    _S.PENDING: frozenset({_S.QUEUED, _S.RUNNING, _S.SKIPPED_CACHED, _S.CANCELLED, _S.FAILED}),
     # queued -> queued is a re-dispatch of the same attempt by the reconciler.
     _S.QUEUED: frozenset({_S.QUEUED, _S.RUNNING, _S.SKIPPED_CACHED, _S.CANCELLED, _S.FAILED}),
     # running -> queued: the worker was lost and the attempt goes back to the queue.

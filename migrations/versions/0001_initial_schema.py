@@ -49,6 +49,7 @@ def upgrade() -> None:
     sa.Column('task_id', sa.String(length=64), nullable=True),
     sa.Column('cache_key', sa.String(length=64), nullable=True),
     sa.Column('cached_from_id', sa.Integer(), nullable=True),
+    sa.Column('is_forced', sa.Boolean(), nullable=False),
     sa.Column('error_kind', sa.String(length=16), nullable=True),
     sa.Column('error_message', sa.Text(), nullable=True),
     sa.Column('error_traceback', sa.Text(), nullable=True),

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     ForeignKey,
     Index,
@@ -82,6 +83,8 @@ class StageRun(Base):
     cache_key: Mapped[str | None] = mapped_column(String(64))
     # For skipped-cached runs: the run whose outputs were reused.
     cached_from_id: Mapped[int | None] = mapped_column(ForeignKey("stage_runs.id"))
+    # Set by `retry --force`: this attempt must not reuse a cached result.
+    is_forced: Mapped[bool] = mapped_column(Boolean, default=False)
     error_kind: Mapped[str | None] = mapped_column(String(16))
     error_message: Mapped[str | None] = mapped_column(Text)
     error_traceback: Mapped[str | None] = mapped_column(Text)

@@ -1,0 +1,232 @@
+"""Run one stage attempt: gather inputs, reuse a cached result or call the stage, store, record.
+
+This is the single place where a stage's outcome becomes rows and stored files. The
+embedded coordinator and the Celery tasks both call `execute_run`; neither holds any
+outcome handling of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import json
+import logging
+import shutil
+import socket
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from pipeline import provenance
+from pipeline.artifacts.store import ArtifactStore
+from pipeline.db import repo
+from pipeline.db.models import Job, StageRun, utcnow
+from pipeline.db.session import session_scope
+from pipeline.errors import InputError, error_kind
+from pipeline.stages import UPSTREAM, load_stage
+from pipeline.stages.base import InputFile, JobSpec, StageResult
+from pipeline.states import StageName, StageState
+
+__all__ = ["Runtime", "execute_run", "cache_key", "gather_inputs"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What a process that runs stages holds: the database, the store, scratch space, clients."""
+
+    sessions: sessionmaker[Session]
+    store: ArtifactStore
+    work_root: Path
+    worker_host: str = field(default_factory=socket.gethostname)
+    # Outside-world clients (the hub) passed to the stages whose run() accepts them.
+    clients: Mapping[str, Any] = field(default_factory=dict)
+
+
+def cache_key(stage: StageName, version: str, params: Any, inputs: Mapping[str, InputFile]) -> str:
+    """hash(stage, stage code version, parameters, input digests): equal keys, equal outputs."""
+    payload = {
+        "stage": stage.value,
+        "version": version,
+        "params": dataclasses.asdict(params) if dataclasses.is_dataclass(params) else params,
+        "inputs": {name: item.sha256 for name, item in sorted(inputs.items())},
+    }
+    blob = json.dumps(payload, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def gather_inputs(session: Session, store: ArtifactStore, job: Job, stage: StageName) -> dict[str, InputFile]:
+    """Outputs of the newest successful attempt of each upstream stage, keyed "<stage>/<name>"."""
+    runs = repo.latest_runs(session, job.id)
+    inputs: dict[str, InputFile] = {}
+    for upstream in UPSTREAM[stage]:
+        run = runs.get(upstream)
+        if run is None or run.status not in (StageState.SUCCEEDED.value, StageState.SKIPPED_CACHED.value):
+            raise InputError(
+                f"job {job.id}: stage {stage.value} needs {upstream.value}, whose latest attempt "
+                f"is {run.status if run else 'missing'}; retry from {upstream.value}"
+            )
+        for link in run.links:
+            if link.direction != "out":
+                continue
+            artifact = link.artifact
+            inputs[f"{upstream.value}/{link.name}"] = InputFile(
+                name=link.name,
+                path=store.path(artifact.sha256),
+                sha256=artifact.sha256,
+                size_bytes=artifact.size_bytes,
+            )
+    return inputs
+
+
+def execute_run(rt: Runtime, run_id: int, use_cache: bool = True) -> StageState:
+    """Carry out stage run `run_id` to a final state and return that state.
+
+    A run already in a final state is left alone (a duplicate delivery). Stage errors
+    are recorded on the row, not raised.
+    """
+    with session_scope(rt.sessions) as session:
+        run = session.get(StageRun, run_id)
+        if run is None:
+            raise InputError(f"stage run {run_id} does not exist")
+        if StageState(run.status).is_final:
+            return StageState(run.status)
+        stage = StageName(run.stage)
+        job = run.job
+        try:
+            module = load_stage(stage)
+            params = module.make_params(JobSpec(job.source, job.recipe, job.params))
+            inputs = gather_inputs(session, rt.store, job, stage)
+            key = None if not _is_cacheable(module, params) else cache_key(stage, module.VERSION, params, inputs)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded outcome
+            _record_failure(session, run, exc)
+            return StageState.FAILED
+        if use_cache and not run.is_forced and key is not None and _reuse_cached(session, rt.store, run, key):
+            log.info("job %s stage %s: reused outputs of an equal earlier run", job.id, stage.value)
+            return StageState.SKIPPED_CACHED
+        repo.set_stage_state(session, run, StageState.RUNNING, worker_host=rt.worker_host, cache_key=key)
+        spec = {"source": job.source, "recipe": job.recipe, "options": job.params}
+        attempt, job_id = run.attempt, job.id
+    log.info("job %s stage %s: attempt %s started on %s", job_id, stage.value, attempt, rt.worker_host)
+
+    workdir = rt.work_root / f"job{job_id}-{stage.value}-attempt{attempt}-run{run_id}"
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    try:
+        result = module.run(params, inputs, workdir, **_clients_for(module.run, rt.clients))
+        with session_scope(rt.sessions) as session:
+            run = session.get_one(StageRun, run_id)
+            _record_success(rt, session, run, module.VERSION, params, spec, inputs, result)
+        return StageState.SUCCEEDED
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded outcome
+        log.warning("job %s stage %s: attempt %s failed: %s", job_id, stage.value, attempt, exc)
+        with session_scope(rt.sessions) as session:
+            _record_failure(session, session.get_one(StageRun, run_id), exc)
+        return StageState.FAILED
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _is_cacheable(module: Any, params: Any) -> bool:
+    check = getattr(module, "is_cacheable", None)
+    return bool(check(params)) if check is not None else True
+
+
+def _clients_for(func: Any, clients: Mapping[str, Any]) -> dict[str, Any]:
+    accepted = inspect.signature(func).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+        return dict(clients)
+    return {name: client for name, client in clients.items() if name in accepted}
+
+
+def _reuse_cached(session: Session, store: ArtifactStore, run: StageRun, key: str) -> bool:
+    source = repo.find_cached_run(session, key, exclude_run_id=run.id)
+    if source is None:
+        return False
+    outputs = [link for link in source.links if link.direction == "out"]
+    if not all(store.has(link.artifact_sha256) for link in outputs):
+        return False  # the store lost bytes: recompute rather than hand out a hole
+    for link in outputs:
+        repo.link_artifact(session, run, "out", link.name, link.artifact)
+    repo.set_stage_state(
+        session,
+        run,
+        StageState.SKIPPED_CACHED,
+        cache_key=key,
+        cached_from_id=source.id,
+        metrics=dict(source.metrics),
+        device=source.device,
+    )
+    return True
+
+
+def _record_success(
+    rt: Runtime,
+    session: Session,
+    run: StageRun,
+    stage_version: str,
+    params: Any,
+    spec: Mapping[str, Any],
+    inputs: Mapping[str, InputFile],
+    result: StageResult,
+) -> None:
+    finished_at = utcnow()
+    device = str(result.metrics.get("device", "cpu"))
+    facts = provenance.BuildFacts(
+        stage=run.stage,
+        stage_version=stage_version,
+        stage_run_id=run.id,
+        job_id=run.job_id,
+        attempt=run.attempt,
+        worker_host=rt.worker_host,
+        device=device,
+        started_at=run.started_at or finished_at,
+        finished_at=finished_at,
+        cache_key=run.cache_key,
+    )
+    input_refs = [(name, item.sha256, rt.store.uri(item.sha256)) for name, item in inputs.items()]
+    external = {
+        **spec,
+        "resolved_revision": run.job.resolved_revision,
+        "stage_parameters": dataclasses.asdict(params) if dataclasses.is_dataclass(params) else {},
+    }
+    for name, item in inputs.items():
+        stored = repo.record_artifact(session, item.sha256, item.size_bytes, rt.store.uri(item.sha256),
+                                      "input", "application/octet-stream", None)
+        repo.link_artifact(session, run, "in", name, stored)
+    for output in result.outputs:
+        stored_file = rt.store.put(output.path)
+        artifact = repo.record_artifact(
+            session, stored_file.sha256, stored_file.size_bytes, stored_file.uri,
+            output.kind, output.media_type, run,
+        )
+        repo.link_artifact(session, run, "out", output.name, artifact)
+        statement = provenance.build_statement(output.name, artifact.sha256, external, input_refs, facts)
+        repo.add_provenance(session, artifact, run, statement)
+    if run.stage == StageName.DOWNLOAD.value and result.metrics.get("resolved_revision"):
+        run.job.resolved_revision = str(result.metrics["resolved_revision"])
+    repo.set_stage_state(
+        session, run, StageState.SUCCEEDED,
+        metrics=_jsonable(result.metrics), warnings=list(result.warnings), device=device,
+    )
+
+
+def _record_failure(session: Session, run: StageRun, exc: BaseException) -> None:
+    repo.set_stage_state(
+        session,
+        run,
+        StageState.FAILED,
+        error_kind=error_kind(exc),
+        error_message=f"{type(exc).__name__}: {exc}",
+        error_traceback="".join(traceback.format_exception(exc))[-20000:],
+    )
+
+
+def _jsonable(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(dict(metrics), default=str))
