@@ -1,0 +1,134 @@
+"""Matrix-level decomposition: a torch ``[rows, cols]`` weight into ternary codes and block scales.
+
+Blocks run along each row (the input dimension, the last dim of a torch linear weight), which
+is the order GGUF stores and llama.cpp dequantizes. Work happens in row chunks so the peak
+extra memory is a few times one chunk, never a float64 copy of the matrix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.ternary.fit import block_sq_error, fit_absmax, fit_absmean, fit_optimal, refine_irls
+
+__all__ = ["METHODS", "DecomposedMatrix", "decompose_matrix", "relative_error", "sparsity"]
+
+METHODS = ("optimal", "absmean", "absmax")
+_TARGET_CHUNK_WEIGHTS = 1 << 22  # ~4M weights: ~100 MB of temporaries on the sort path
+
+
+@dataclass(frozen=True)
+class DecomposedMatrix:
+    """Result of `decompose_matrix`; tensors live on the CPU.
+
+    ``codes`` int8 ``[rows, cols]`` in {-1,0,1}; ``scales`` float32 ``[rows, cols // block_size]``
+    (fp16-exact values); errors are Frobenius norms relative to ``||w||_F`` computed with the
+    fp16 scales, i.e. the error of the packed file. ``sq_error``/``sq_norm`` are the raw sums,
+    for aggregating over tensors.
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    method: str
+    rel_error: float
+    absmean_rel_error: float
+    sparsity: float
+    sq_error: float
+    absmean_sq_error: float
+    sq_norm: float
+
+
+def relative_error(w: torch.Tensor, w_hat: torch.Tensor) -> float:
+    """``||w - w_hat||_F / ||w||_F`` (0 when both are zero, inf when only ``w`` is zero)."""
+    num = torch.linalg.vector_norm((w - w_hat).to(torch.float32)).item()
+    den = torch.linalg.vector_norm(w.to(torch.float32)).item()
+    if den == 0.0:
+        return 0.0 if num == 0.0 else float("inf")
+    return num / den
+
+
+def sparsity(codes: torch.Tensor) -> float:
+    """Fraction of zero codes."""
+    return float((codes == 0).sum().item()) / max(codes.numel(), 1)
+
+
+def _fit(blocks: torch.Tensor, method: str, importance: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    if method == "optimal":
+        return fit_optimal(blocks, importance)
+    if method == "absmean":
+        return fit_absmean(blocks)
+    return fit_absmax(blocks)
+
+
+def _ratio(num: float, den: float) -> float:
+    if den == 0.0:
+        return 0.0 if num == 0.0 else float("inf")
+    return float((num / den) ** 0.5)
+
+
+def decompose_matrix(
+    w: torch.Tensor,
+    method: str = "optimal",
+    importance: torch.Tensor | None = None,
+    irls_iters: int = 0,
+    chunk_rows: int | None = None,
+    device: torch.device | str | None = None,
+    block_size: int = 256,
+) -> DecomposedMatrix:
+    """Fit every ``block_size`` run of each row of ``w`` ``[rows, cols]`` as ``d * t``.
+
+    ``importance``: optional non-negative ``[cols]`` vector (for example mean squared input
+    activations); the optimal fit and IRLS then minimise the importance-weighted error. The
+    reported errors are unweighted. ``irls_iters > 0`` runs `refine_irls` after the fit.
+    ``device``: where the fitting runs (default: ``w``'s device); ``w`` may stay on the CPU,
+    memory-mapped, since only one chunk of ``chunk_rows`` rows is moved at a time.
+
+    Raises ValueError for an unknown method, a non-2-D ``w``, or ``cols % block_size != 0``.
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
+    if w.dim() != 2:
+        raise ValueError(f"decompose_matrix needs a 2-D weight, got shape {tuple(w.shape)}")
+    rows, cols = w.shape
+    if cols % block_size != 0:
+        raise ValueError(f"row length {cols} is not a multiple of the block size {block_size}")
+    dev = torch.device(device) if device is not None else w.device
+    n_per_row = cols // block_size
+    step = chunk_rows or max(1, _TARGET_CHUNK_WEIGHTS // max(cols, 1))
+    imp_row = None
+    if importance is not None:
+        if importance.shape != (cols,):
+            raise ValueError(f"importance must have shape ({cols},), got {tuple(importance.shape)}")
+        imp_row = importance.to(dev, torch.float32).reshape(1, n_per_row, block_size)
+    codes_out = torch.empty((rows, cols), dtype=torch.int8)
+    scales_out = torch.empty((rows, n_per_row), dtype=torch.float32)
+    sq_err = sq_err_absmean = sq_norm = 0.0
+    n_zero = 0
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        blocks = w[r0:r1].to(dev, torch.float32).reshape(-1, block_size)
+        imp = None if imp_row is None else imp_row.expand(r1 - r0, -1, -1).reshape(-1, block_size)
+        codes, scales = _fit(blocks, method, imp)
+        if irls_iters > 0:
+            codes, scales = refine_irls(blocks, codes, scales, imp, iters=irls_iters)
+        # Per-block sums stay float32 (256 terms); the running totals are Python floats (float64).
+        sq_err += block_sq_error(blocks, codes, scales).double().sum().item()
+        base_codes, base_scales = fit_absmean(blocks)
+        sq_err_absmean += block_sq_error(blocks, base_codes, base_scales).double().sum().item()
+        sq_norm += (blocks * blocks).sum(dim=1).double().sum().item()
+        n_zero += int((codes == 0).sum().item())
+        codes_out[r0:r1] = codes.reshape(r1 - r0, cols).cpu()
+        scales_out[r0:r1] = scales.reshape(r1 - r0, n_per_row).cpu()
+    return DecomposedMatrix(
+        codes=codes_out,
+        scales=scales_out,
+        method=method,
+        rel_error=_ratio(sq_err, sq_norm),
+        absmean_rel_error=_ratio(sq_err_absmean, sq_norm),
+        sparsity=n_zero / max(rows * cols, 1),
+        sq_error=sq_err,
+        absmean_sq_error=sq_err_absmean,
+        sq_norm=sq_norm,
+    )
