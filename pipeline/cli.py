@@ -140,6 +140,18 @@ def show(obj: CliContext, job_id: int, as_json: bool) -> None:
     print_job(obj.runtime(), job_id, as_json)
 
 
+@cli.command("demo-checkpoint")
+@click.argument("dest", type=click.Path(path_type=Path))
+@click.option("--layers", default=2, show_default=True, help="Transformer blocks.")
+@_guard
+def demo_checkpoint(dest: Path, layers: int) -> None:
+    """Write the small ternary-trained-style Llama demo checkpoint into DEST."""
+    from pipeline.demo import write_demo_checkpoint
+
+    folder = write_demo_checkpoint(dest, n_layers=layers)
+    click.echo(f"demo checkpoint written to {folder}")
+
+
 @cli.group()
 def db() -> None:
     """Database maintenance."""

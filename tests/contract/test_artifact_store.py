@@ -1,0 +1,94 @@
+"""One contract, run against every ArtifactStore backend."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from pipeline.artifacts import LocalStore, MemoryStore
+from pipeline.errors import InputError, IntegrityError
+
+
+@pytest.fixture(params=["local", "memory"])
+def store(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore[no-untyped-def]
+    if request.param == "local":
+        return LocalStore(tmp_path / "store")
+    return MemoryStore()
+
+
+def _file(tmp_path: Path, name: str, data: bytes) -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+def test_put_returns_content_digest_and_bytes_round_trip(store, tmp_path: Path) -> None:
+    data = os.urandom(100_000)
+    stored = store.put(_file(tmp_path, "a", data))
+    assert stored.sha256 == hashlib.sha256(data).hexdigest()
+    assert stored.size_bytes == len(data)
+    assert store.has(stored.sha256)
+    assert store.path(stored.sha256).read_bytes() == data
+    assert store.verify(stored.sha256)
+
+
+def test_wrong_expected_digest_is_refused_and_nothing_stored(store, tmp_path: Path) -> None:
+    data = b"payload"
+    wrong = hashlib.sha256(b"other").hexdigest()
+    with pytest.raises(IntegrityError, match=wrong):
+        store.put(_file(tmp_path, "a", data), expected_sha256=wrong)
+    assert not store.has(hashlib.sha256(data).hexdigest())
+
+
+def test_same_bytes_twice_is_one_entry_and_never_overwritten(store, tmp_path: Path) -> None:
+    first = store.put(_file(tmp_path, "a", b"same"))
+    second = store.put(_file(tmp_path, "b", b"same"))
+    assert first == second
+    assert store.path(first.sha256).read_bytes() == b"same"
+
+
+def test_bad_keys_are_refused(store) -> None:
+    with pytest.raises(InputError, match="not a sha256 digest"):
+        store.has("../../etc/passwd")
+    with pytest.raises(KeyError):
+        store.path("0" * 64)
+
+
+def test_local_store_detects_tampering_and_is_read_only(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    stored = store.put(_file(tmp_path, "a", b"original bytes"))
+    path = store.path(stored.sha256)
+    assert not os.access(path, os.W_OK) or os.geteuid() == 0  # root ignores mode bits
+    os.chmod(path, 0o644)
+    path.write_bytes(b"tampered bytes")
+    assert not store.verify(stored.sha256)
+
+
+def test_local_store_copies_files_with_other_names(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    original = _file(tmp_path, "user-file", b"user data")
+    alias = tmp_path / "alias"
+    os.link(original, alias)
+    stored = store.put(alias)
+    original.write_bytes(b"changed later by the user")
+    assert store.path(stored.sha256).read_bytes() == b"user data"
+    assert store.verify(stored.sha256)
+
+
+def test_concurrent_puts_of_the_same_bytes(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    data = os.urandom(1_000_000)
+    sources = [_file(tmp_path, f"s{i}", data) for i in range(4)]
+    results = []
+    threads = [threading.Thread(target=lambda p=p: results.append(store.put(p))) for p in sources]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({r.sha256 for r in results}) == 1
+    assert store.verify(results[0].sha256)
+    assert list((store.root / "tmp").iterdir()) == []
