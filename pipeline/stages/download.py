@@ -1,0 +1,301 @@
+"""Stage 1, download: bring a checkpoint's files into the work folder.
+
+Accepted source specs:
+
+- a local folder (``/models/llama``): every file below it;
+- a single ``.gguf`` file (``/models/llama-f16.gguf``);
+- a Hugging Face repo ``org/name`` or ``org/name@revision`` (``hf://`` prefix optional);
+  the revision (branch, tag or sha) is resolved to the full commit sha and recorded.
+
+Every file becomes an output named by its relative POSIX path (kind ``source-file``),
+hard-linked or copied into ``workdir/snapshot/``. For hub sources the hub's per-file size and
+LFS sha256 go into ``hub_files.json`` (kind ``hub-metadata``) for the checksum stage.
+Hostile names (``..``, absolute paths, symlinks resolving outside the source) are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pipeline.errors import InputError, IntegrityError
+from pipeline.hub import HfHubClient, HubClient, HubFile
+from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult, safe_relpath
+
+__all__ = [
+    "NAME",
+    "VERSION",
+    "HUB_FILES_NAME",
+    "Params",
+    "SourceSpec",
+    "make_params",
+    "parse_source",
+    "run",
+]
+
+NAME = "download"
+VERSION = "1"
+HUB_FILES_NAME = "hub_files.json"
+
+logger = logging.getLogger(__name__)
+
+ACCEPTED_FORMS = (
+    "a local folder path, a single .gguf file path, or a Hugging Face repo "
+    "'org/name' or 'org/name@revision' (branch, tag or commit sha)"
+)
+# Folders that are tooling state, not checkpoint content.
+_JUNK_DIRS = frozenset({".git", ".cache", ".hg", ".svn", "__pycache__"})
+_JUNK_FILES = frozenset({".DS_Store"})
+_HUB_ID = re.compile(
+    r"(?P<repo>[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95})(?:@(?P<rev>[^\s@]+))?"
+)
+_HUB_PREFIX = "hf://"
+
+
+@dataclass(frozen=True)
+class Params:
+    """`source` is the job's source spec exactly as submitted."""
+
+    source: str
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A parsed source spec: a local folder, a single .gguf file, or a hub repo."""
+
+    kind: Literal["local", "gguf", "hub"]
+    path: Path | None = None
+    repo_id: str | None = None
+    revision: str | None = None
+
+
+def make_params(job: JobSpec) -> Params:
+    """Download parameters from a job: only the source spec matters."""
+    return Params(source=job.source.strip())
+
+
+def parse_source(source: str) -> SourceSpec:
+    """Classify a source spec; raises InputError naming the spec and the accepted forms.
+
+    An existing path always wins over a hub id, so a local folder named ``org/name`` works.
+    """
+    spec = source.strip()
+    if not spec:
+        raise InputError(f"empty source spec; expected {ACCEPTED_FORMS}")
+    if spec.startswith(_HUB_PREFIX):
+        return _parse_hub_id(spec[len(_HUB_PREFIX):], spec)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return SourceSpec(kind="local", path=path)
+    if path.is_file():
+        if path.suffix.lower() == ".gguf":
+            return SourceSpec(kind="gguf", path=path)
+        raise InputError(f"source {spec!r} is a file but not a .gguf file; expected {ACCEPTED_FORMS}")
+    if path.exists():
+        raise InputError(f"source {spec!r} is neither a folder nor a regular file; expected {ACCEPTED_FORMS}")
+    if _looks_like_path(spec):
+        raise InputError(
+            f"source {spec!r} does not exist (no such file or folder); expected {ACCEPTED_FORMS}"
+        )
+    return _parse_hub_id(spec, spec)
+
+
+def _looks_like_path(spec: str) -> bool:
+    return spec.startswith(("/", "./", "../", "~", ".")) or spec.lower().endswith(".gguf") or "\\" in spec
+
+
+def _parse_hub_id(text: str, spec: str) -> SourceSpec:
+    match = _HUB_ID.fullmatch(text)
+    repo_id = match.group("repo") if match else ""
+    # The hub forbids these in repo names; refusing early gives a clearer message than a 404.
+    if not match or "--" in repo_id or ".." in repo_id or repo_id.endswith((".", "-")):
+        raise InputError(
+            f"source {spec!r} is not an existing path nor a hub repo id; expected {ACCEPTED_FORMS}"
+        )
+    return SourceSpec(kind="hub", repo_id=repo_id, revision=match.group("rev"))
+
+
+def run(
+    params: Params,
+    inputs: Mapping[str, InputFile],
+    workdir: Path,
+    **clients: Any,
+) -> StageResult:
+    """Materialise the source's files under ``workdir/snapshot``.
+
+    Clients: ``hub`` (a `HubClient`; default `HfHubClient()`), used only for hub sources.
+    Raises InputError (missing source, unknown repo/revision, hostile names), TransientError
+    (hub unreachable or 5xx) and IntegrityError (a file changed size while being copied).
+    """
+    source = parse_source(params.source)
+    metrics: dict[str, Any] = {"source_kind": source.kind}
+    hub_files: list[HubFile] | None = None
+    if source.kind == "hub":
+        assert source.repo_id is not None
+        hub: HubClient = clients.get("hub") or HfHubClient()
+        commit_sha = hub.resolve_revision(source.repo_id, source.revision)
+        logger.info("download: %s@%s resolved to %s", source.repo_id, source.revision or "main", commit_sha)
+        hub_files = hub.list_files_with_sha256(source.repo_id, commit_sha)
+        folder = hub.download_snapshot(source.repo_id, commit_sha)
+        # Cache snapshots are symlinks into the repo's blobs/ folder: confine to the repo folder.
+        confine = _hub_confinement(folder)
+        found = _walk_folder(folder, confine, source_label=params.source)
+        metrics.update(
+            repo_id=source.repo_id,
+            requested_revision=source.revision or "main",
+            resolved_revision=commit_sha,
+        )
+    elif source.kind == "gguf":
+        assert source.path is not None
+        found = [(_checked_name(source.path.name, params.source), _confined(source.path, source.path.parent))]
+    else:
+        assert source.path is not None
+        found = _walk_folder(source.path, source.path, source_label=params.source)
+    if not found:
+        raise InputError(f"source {params.source!r} holds no files; expected {ACCEPTED_FORMS}")
+    if any(name == HUB_FILES_NAME for name, _ in found):
+        raise InputError(
+            f"source {params.source!r} contains a file named {HUB_FILES_NAME!r}, a name this pipeline "
+            "reserves for hub metadata; rename or remove it"
+        )
+
+    outputs, total_bytes, link_count = _materialise(found, workdir / "snapshot")
+    metrics.update(file_count=len(outputs), total_bytes=total_bytes, hardlinked_count=link_count)
+    if hub_files is not None:
+        outputs.append(_write_hub_files(workdir, metrics, hub_files))
+        metrics["hub_sha256_count"] = sum(1 for item in hub_files if item.sha256)
+    warnings: tuple[str, ...] = ()
+    if hub_files == []:
+        warnings = ("the hub gave no file listing (offline?); checksum cannot verify against hub sha256",)
+    return StageResult(outputs=tuple(outputs), metrics=metrics, warnings=warnings)
+
+
+def _hub_confinement(folder: Path) -> Path:
+    """The folder that cache symlinks may point into: ``models--org--name`` for a cache snapshot."""
+    resolved = folder.resolve()
+    if resolved.parent.name == "snapshots":
+        return resolved.parent.parent
+    return resolved
+
+
+def _checked_name(name: str, source_label: str) -> str:
+    try:
+        return safe_relpath(name).as_posix()
+    except InputError as exc:
+        raise InputError(f"source {source_label!r}: {exc}") from exc
+
+
+def _confined(path: Path, root: Path) -> Path:
+    """Resolve `path` (following symlinks) and require a regular file inside `root`."""
+    root_resolved = root.resolve()
+    try:
+        target = path.resolve(strict=True)
+    except (OSError, RuntimeError) as exc:
+        raise InputError(f"{path}: broken or looping symlink ({exc}); refusing it") from exc
+    if not target.is_relative_to(root_resolved):
+        raise InputError(
+            f"{path}: resolves to {target}, outside the source folder {root_resolved}; refusing it "
+            "(symlinks must stay inside the snapshot)"
+        )
+    if not stat.S_ISREG(target.stat().st_mode):
+        raise InputError(f"{path}: not a regular file (device, fifo or socket); refusing it")
+    return target
+
+
+def _walk_folder(folder: Path, confine: Path, *, source_label: str) -> list[tuple[str, Path]]:
+    """(relative POSIX name, resolved path) of every file below `folder`, sorted by name."""
+    found: list[tuple[str, Path]] = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        here = Path(dirpath)
+        dirnames[:] = sorted(d for d in dirnames if d not in _JUNK_DIRS)
+        for dirname in list(dirnames):
+            if (here / dirname).is_symlink():
+                # os.walk does not descend into linked folders; refuse escapes, skip the rest
+                # (their content, if inside, is already listed under its real path).
+                _confined_dir(here / dirname, confine)
+                dirnames.remove(dirname)
+        for filename in filenames:
+            if filename in _JUNK_FILES:
+                continue
+            path = here / filename
+            name = _checked_name(path.relative_to(folder).as_posix(), source_label)
+            found.append((name, _confined(path, confine)))
+    return sorted(found)
+
+
+def _confined_dir(path: Path, root: Path) -> None:
+    try:
+        target = path.resolve()
+    except (OSError, RuntimeError) as exc:
+        raise InputError(f"{path}: looping folder symlink ({exc}); refusing it") from exc
+    if not target.is_relative_to(root.resolve()):
+        raise InputError(
+            f"{path}: folder symlink resolves to {target}, outside the source folder {root.resolve()}; "
+            "refusing it"
+        )
+    logger.warning("download: skipping folder symlink %s (points inside the source)", path)
+
+
+def _materialise(found: list[tuple[str, Path]], dest: Path) -> tuple[list[OutputFile], int, int]:
+    """Hard-link (or copy) each file into `dest`; returns outputs, total bytes, hard-link count."""
+    outputs: list[OutputFile] = []
+    total_bytes = 0
+    link_count = 0
+    for name, src in found:
+        dst = dest / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        expected_size = src.stat().st_size
+        try:
+            os.link(src, dst)
+            link_count += 1
+        except OSError:
+            # Other file system, or hard links forbidden: copy under a temp name, then rename.
+            tmp = dst.with_name(dst.name + ".partial")
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, dst)
+        actual_size = dst.stat().st_size
+        if actual_size != expected_size:
+            raise IntegrityError(
+                f"{name}: copied {actual_size} bytes but the source has {expected_size}; "
+                "the source changed during the download"
+            )
+        total_bytes += actual_size
+        outputs.append(OutputFile(name=name, path=dst, kind="source-file", media_type=_media_type(name)))
+    return outputs, total_bytes, link_count
+
+
+def _media_type(name: str) -> str:
+    if name.endswith(".json"):
+        return "application/json"
+    if name.endswith((".txt", ".md")) or name == "SHA256SUMS":
+        return "text/plain"
+    return "application/octet-stream"
+
+
+def _write_hub_files(workdir: Path, metrics: Mapping[str, Any], hub_files: list[HubFile]) -> OutputFile:
+    """Write the hub's per-file size and sha256 claims as ``hub_files.json``."""
+    for item in hub_files:
+        safe_relpath(item.name)
+    document = {
+        "repo_id": metrics["repo_id"],
+        "revision": metrics["resolved_revision"],
+        "files": [
+            {"name": item.name, "size_bytes": item.size_bytes, "sha256": item.sha256}
+            for item in sorted(hub_files, key=lambda entry: entry.name)
+        ],
+    }
+    path = workdir / HUB_FILES_NAME
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    if json.loads(path.read_text(encoding="utf-8")) != document:
+        raise IntegrityError(f"{path}: re-read content differs from what was written")
+    return OutputFile(name=HUB_FILES_NAME, path=path, kind="hub-metadata", media_type="application/json")

@@ -1,0 +1,180 @@
+"""HfHubClient and the download stage against a hand-built huggingface_hub cache, offline.
+
+Nothing here opens a connection: the client runs with is_offline=True and the process-wide
+HF_HUB_OFFLINE switch is also turned on, so a slip would raise instead of reaching the hub.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import InputError, TransientError
+from pipeline.hub import HfHubClient, HubFile, is_commit_sha
+from pipeline.stages import checksum, download
+from pipeline.stages.base import InputFile, JobSpec
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+REPO = "acme/tiny-llama"
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+
+def build_hub_cache(
+    cache: Path, files: dict[str, bytes], *, repo_id: str = REPO, commit: str = COMMIT,
+    refs: tuple[str, ...] = ("main",), with_tree: bool = True,
+) -> Path:
+    """Lay out a huggingface_hub cache as snapshot_download leaves it; returns the repo folder.
+
+    blobs/<id> hold the bytes, snapshots/<commit>/<name> are relative symlinks to them,
+    refs/<branch> name the commit, trees/<commit>.json is the hub's listing with LFS sha256.
+    """
+    org, name = repo_id.split("/")
+    repo = cache / f"models--{org}--{name}"
+    tree: dict[str, dict[str, object]] = {}
+    for rel, data in files.items():
+        sha256 = hashlib.sha256(data).hexdigest()
+        is_lfs = rel.endswith(".safetensors")
+        blob_id = sha256 if is_lfs else hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        blob = repo / "blobs" / blob_id
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        link = repo / "snapshots" / commit / rel
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+        entry: dict[str, object] = {"size": len(data), "blob_id": blob_id}
+        if is_lfs:
+            entry.update(lfs_sha256=sha256, lfs_size=len(data))
+        tree[rel] = entry
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    for ref in refs:
+        (repo / "refs" / ref).write_text(commit)
+    if with_tree:
+        (repo / "trees").mkdir(exist_ok=True)
+        (repo / "trees" / f"{commit}.json").write_text(json.dumps({"format_version": 1, "files": tree}))
+    return repo
+
+
+FILES = {
+    "config.json": b'{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}',
+    "model.safetensors": b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ",
+    "tokenizer/tokenizer.json": b"{}",
+}
+
+
+def test_is_commit_sha() -> None:
+    assert is_commit_sha(COMMIT)
+    assert not is_commit_sha("main")
+    assert not is_commit_sha(COMMIT.upper())
+
+
+def test_resolve_branch_and_sha_offline(tmp_path: Path) -> None:
+    build_hub_cache(tmp_path, FILES, refs=("main", "v1.0"))
+    hub = HfHubClient(cache_dir=tmp_path, is_offline=True)
+    assert hub.resolve_revision(REPO, None) == COMMIT
+    assert hub.resolve_revision(REPO, "v1.0") == COMMIT
+    assert hub.resolve_revision(REPO, COMMIT) == COMMIT
+
+
+def test_unknown_revision_offline_is_input_error(tmp_path: Path) -> None:
+    build_hub_cache(tmp_path, FILES)
+    hub = HfHubClient(cache_dir=tmp_path, is_offline=True)
+    with pytest.raises(InputError, match="'nope'.*offline"):
+        hub.resolve_revision(REPO, "nope")
+
+
+def test_listing_from_cached_tree_carries_lfs_sha256(tmp_path: Path) -> None:
+    build_hub_cache(tmp_path, FILES)
+    listing = HfHubClient(cache_dir=tmp_path, is_offline=True).list_files_with_sha256(REPO, COMMIT)
+    by_name = {item.name: item for item in listing}
+    assert set(by_name) == set(FILES)
+    weights = FILES["model.safetensors"]
+    assert by_name["model.safetensors"] == HubFile(
+        "model.safetensors", len(weights), hashlib.sha256(weights).hexdigest()
+    )
+    assert by_name["config.json"].sha256 is None
+
+
+def test_listing_without_tree_cache_is_empty(tmp_path: Path) -> None:
+    build_hub_cache(tmp_path, FILES, with_tree=False)
+    assert HfHubClient(cache_dir=tmp_path, is_offline=True).list_files_with_sha256(REPO, COMMIT) == []
+
+
+def test_download_stage_from_offline_cache_then_checksum(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    build_hub_cache(cache, FILES)
+    hub = HfHubClient(cache_dir=cache, is_offline=True)
+    work = tmp_path / "work"
+    work.mkdir()
+    result = download.run(download.make_params(JobSpec(source=f"{REPO}@main")), {}, work, hub=hub)
+
+    names = {o.name: o for o in result.outputs}
+    assert set(names) == set(FILES) | {"hub_files.json"}
+    assert result.metrics["source_kind"] == "hub"
+    assert result.metrics["resolved_revision"] == COMMIT
+    assert result.metrics["repo_id"] == REPO
+    assert result.metrics["hub_sha256_count"] == 1
+    assert names["tokenizer/tokenizer.json"].path == work / "snapshot" / "tokenizer" / "tokenizer.json"
+    assert names["tokenizer/tokenizer.json"].path.read_bytes() == b"{}"
+    assert not names["model.safetensors"].path.is_symlink()
+    assert names["hub_files.json"].kind == "hub-metadata"
+
+    inputs = {
+        f"download/{o.name}": InputFile(o.name, o.path, hashlib.sha256(o.path.read_bytes()).hexdigest(),
+                                        o.path.stat().st_size)
+        for o in result.outputs
+    }
+    check_dir = tmp_path / "check"
+    check_dir.mkdir()
+    checked = checksum.run(checksum.Params(), inputs, check_dir)
+    assert checked.metrics["verified_against"] == ["hub_files.json"]
+
+
+def test_download_stage_unknown_repo_offline(tmp_path: Path) -> None:
+    hub = HfHubClient(cache_dir=tmp_path, is_offline=True)
+    with pytest.raises(InputError, match="acme/missing"):
+        download.run(download.Params("acme/missing"), {}, tmp_path, hub=hub)
+
+
+def test_incomplete_snapshot_offline_is_input_error(tmp_path: Path) -> None:
+    repo = build_hub_cache(tmp_path, FILES)
+    (repo / "snapshots" / COMMIT / "config.json").unlink()
+    hub = HfHubClient(cache_dir=tmp_path, is_offline=True)
+    with pytest.raises(InputError, match="local hub cache"):
+        hub.download_snapshot(REPO, COMMIT)
+
+
+def test_http_errors_are_translated(tmp_path: Path) -> None:
+    import httpx2
+    from huggingface_hub import errors as hf_errors
+
+    hub = HfHubClient(cache_dir=tmp_path, is_offline=False)
+    request = httpx2.Request("GET", "https://hub.invalid/api/models/acme/x")
+
+    def fail(exc: BaseException) -> None:
+        with hub._translate(REPO, "main"):
+            raise exc
+
+    def http(cls: type[hf_errors.HfHubHTTPError], status: int) -> hf_errors.HfHubHTTPError:
+        return cls("boom", response=httpx2.Response(status, request=request))
+
+    with pytest.raises(TransientError, match="HTTP 503"):
+        fail(http(hf_errors.HfHubHTTPError, 503))
+    with pytest.raises(InputError, match="no such repo"):
+        fail(http(hf_errors.RepositoryNotFoundError, 404))
+    with pytest.raises(InputError, match="revision does not exist"):
+        fail(http(hf_errors.RevisionNotFoundError, 404))
+    with pytest.raises(TransientError, match="network failure"):
+        fail(httpx2.ConnectError("refused", request=request))
+    with pytest.raises(TransientError, match="could not be reached"):
+        fail(hf_errors.RevisionResolutionError("no network"))
