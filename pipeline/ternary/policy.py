@@ -1,0 +1,146 @@
+"""Which GGUF tensors become ternary, and what every other tensor is stored as.
+
+A policy is a function of a tensor's GGUF name, its torch shape ``[rows, cols]`` and the
+recipe: `decide`. Every decision carries a reason naming the tensor; a tensor that the
+recipe would have liked ternary but cannot be (rows not a multiple of 256, an unknown
+2-D tensor) is a *fallback* and the report lists it. Nothing falls back silently.
+
+Example::
+
+    recipe = get_recipe("tq2_0", {"method": "optimal"})
+    decide("blk.0.ffn_down.weight", (256, 640), recipe)
+    # TensorDecision(ggml_type='F16', is_ternary=False, is_fallback=True,
+    #   reason='blk.0.ffn_down.weight: row length 640 is not a multiple of 256 (TQ2_0 block size); kept as F16')
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from pipeline.errors import InputError
+from pipeline.ternary.pack import QK_K
+
+__all__ = ["Recipe", "TensorDecision", "RECIPES", "LINEAR_KINDS", "get_recipe", "decide"]
+
+# Per-block linear weights llama.cpp multiplies activations by: the ternary candidates.
+LINEAR_KINDS: tuple[str, ...] = (
+    "attn_q", "attn_k", "attn_v", "attn_output", "attn_qkv", "ffn_gate", "ffn_up", "ffn_down",
+)
+_LINEAR = re.compile(r"^blk\.(\d+)\.(" + "|".join(LINEAR_KINDS) + r")\.weight$")
+_METHODS = ("optimal", "absmean", "absmax")
+_HIGH_PRECISION = ("F16", "BF16", "F32", "Q8_0")
+_Q8_0_BLOCK = 32
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A named set of policy knobs.
+
+    ``ternary_type``: TQ2_0 (2.0625 bpw) or TQ1_0 (1.6875 bpw). ``method``: the per-block fit.
+    ``irls_iters``: refinement passes after the fit (0 = none). ``embed_type`` / ``output_type``:
+    storage of ``token_embd.weight`` / ``output.weight``. ``fallback_type``: what an ineligible
+    2-D tensor is kept as.
+    """
+
+    name: str
+    ternary_type: str
+    method: str = "optimal"
+    irls_iters: int = 0
+    embed_type: str = "F16"
+    output_type: str = "F16"
+    fallback_type: str = "F16"
+
+
+@dataclass(frozen=True)
+class TensorDecision:
+    """How one tensor is stored and why; ``is_fallback`` marks a tensor denied ternary it was meant for."""
+
+    ggml_type: str
+    is_ternary: bool
+    reason: str
+    is_fallback: bool = False
+
+
+RECIPES: dict[str, Recipe] = {
+    "tq2_0": Recipe(name="tq2_0", ternary_type="TQ2_0"),
+    "tq1_0": Recipe(name="tq1_0", ternary_type="TQ1_0"),
+}
+
+_ALLOWED: dict[str, tuple[Any, ...]] = {
+    "method": _METHODS,
+    "embed_type": _HIGH_PRECISION,
+    "output_type": _HIGH_PRECISION,
+    "fallback_type": ("F16", "BF16", "F32"),
+}
+
+
+def get_recipe(name: str, options: Mapping[str, Any] | None = None) -> Recipe:
+    """The named recipe with any of its knobs overridden by ``options`` (other keys are ignored).
+
+    Raises InputError for an unknown recipe name (listing the known ones) or a knob value
+    out of range (listing the allowed values).
+    """
+    if name not in RECIPES:
+        raise InputError(f"unknown recipe {name!r}; known recipes: {', '.join(sorted(RECIPES))}")
+    recipe = RECIPES[name]
+    knobs = {f.name for f in fields(Recipe)} - {"name", "ternary_type"}
+    changes: dict[str, Any] = {}
+    for key, value in (options or {}).items():
+        if key not in knobs:
+            continue  # options are shared by all stages; other stages own other keys
+        if key == "irls_iters":
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 100:
+                raise InputError(f"recipe option irls_iters={value!r}; expected an integer from 0 to 100")
+        elif value not in _ALLOWED[key]:
+            raise InputError(f"recipe option {key}={value!r}; expected one of {', '.join(_ALLOWED[key])}")
+        changes[key] = value
+    return replace(recipe, **changes)
+
+
+def _plain(name: str, shape: tuple[int, ...], ggml_type: str, why: str, recipe: Recipe) -> TensorDecision:
+    """``ggml_type`` for a non-ternary tensor, unless Q8_0 does not fit its rows."""
+    cols = shape[-1] if shape else 1
+    if ggml_type == "Q8_0" and cols % _Q8_0_BLOCK:
+        return TensorDecision(
+            recipe.fallback_type, False,
+            f"{name}: {why}; row length {cols} is not a multiple of 32 (Q8_0 block size); "
+            f"kept as {recipe.fallback_type}",
+            is_fallback=True,
+        )
+    return TensorDecision(ggml_type, False, f"{name}: {why}; stored as {ggml_type}")
+
+
+def decide(gguf_name: str, shape: tuple[int, ...], recipe: Recipe) -> TensorDecision:
+    """The storage type of tensor ``gguf_name`` with torch ``shape`` (``[rows, cols]``) under ``recipe``."""
+    shape = tuple(shape)
+    tq = recipe.ternary_type
+    if len(shape) <= 1:
+        return TensorDecision("F32", False, f"{gguf_name}: 1-D tensor (norm or bias) kept as F32")
+    if gguf_name == "token_embd.weight":
+        return _plain(gguf_name, shape, recipe.embed_type, "token embedding kept in higher precision", recipe)
+    if gguf_name == "output.weight":
+        return _plain(gguf_name, shape, recipe.output_type, "output head kept in higher precision", recipe)
+    fallback = recipe.fallback_type
+    if not _LINEAR.match(gguf_name):
+        return TensorDecision(
+            fallback, False,
+            f"{gguf_name}: not a block linear weight ({', '.join(LINEAR_KINDS)}), shape {list(shape)}; "
+            f"kept as {fallback}",
+            is_fallback=True,
+        )
+    if len(shape) != 2:
+        return TensorDecision(
+            fallback, False, f"{gguf_name}: {len(shape)}-D weight {list(shape)} is not a 2-D matrix; "
+            f"kept as {fallback}", is_fallback=True,
+        )
+    rows, cols = shape
+    if cols % QK_K or cols == 0:
+        return TensorDecision(
+            fallback, False,
+            f"{gguf_name}: row length {cols} is not a multiple of {QK_K} ({tq} block size); kept as {fallback}",
+            is_fallback=True,
+        )
+    return TensorDecision(tq, True, f"{gguf_name}: linear weight [{rows}, {cols}] -> {tq} ({recipe.method} fit)")
