@@ -1,0 +1,5 @@
+"""`python -m pipeline` is the `bonsai` command."""
+
+from pipeline.cli import main
+
+main()
