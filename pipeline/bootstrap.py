@@ -58,4 +58,7 @@ def build_runtime(settings: Settings) -> Runtime:
         store=LocalStore(settings.resolved_artifact_root),
         work_root=settings.resolved_work_root,
         clients={"hub": HfHubClient(token=settings.hf_token)},
+        heartbeat_s=settings.heartbeat_s,
+        max_attempts=settings.max_attempts,
+        retry_base_s=settings.retry_base_s,
     )

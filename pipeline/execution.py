@@ -14,12 +14,14 @@ import json
 import logging
 import shutil
 import socket
+import threading
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from pipeline import provenance
@@ -47,6 +49,11 @@ class Runtime:
     worker_host: str = field(default_factory=socket.gethostname)
     # Outside-world clients (the hub) passed to the stages whose run() accepts them.
     clients: Mapping[str, Any] = field(default_factory=dict)
+    # Seconds between heartbeats of a running stage; the reconciler's timeout is larger.
+    heartbeat_s: float = 10.0
+    # Attempts of one stage before its job fails, and the first retry delay (doubling).
+    max_attempts: int = 3
+    retry_base_s: float = 5.0
 
 
 def cache_key(stage: StageName, version: str, params: Any, inputs: Mapping[str, InputFile]) -> str:
@@ -86,31 +93,33 @@ def gather_inputs(session: Session, store: ArtifactStore, job: Job, stage: Stage
 
 
 def execute_run(rt: Runtime, run_id: int, use_cache: bool = True) -> StageState:
-    """Carry out stage run `run_id` to a final state and return that state.
+    """Claim stage run `run_id`, carry it out to a final state and return that state.
 
-    A run already in a final state is left alone (a duplicate delivery). Stage errors
-    are recorded on the row, not raised.
+    A run that another process already claimed, or that is final, is left alone (a
+    duplicate delivery) and its current state returned. Stage errors are recorded on
+    the row, not raised.
     """
     with session_scope(rt.sessions) as session:
-        run = session.get(StageRun, run_id)
-        if run is None:
-            raise InputError(f"stage run {run_id} does not exist")
-        if StageState(run.status).is_final:
+        if not repo.claim_run(session, run_id, rt.worker_host):
+            run = session.get(StageRun, run_id)
+            if run is None:
+                raise InputError(f"stage run {run_id} does not exist")
             return StageState(run.status)
-        stage = StageName(run.stage)
-        job = run.job
+    with session_scope(rt.sessions) as session:
+        run = session.get_one(StageRun, run_id)
+        stage, job = StageName(run.stage), run.job
         try:
             module = load_stage(stage)
             params = module.make_params(JobSpec(job.source, job.recipe, job.params))
             inputs = gather_inputs(session, rt.store, job, stage)
-            key = None if not _is_cacheable(module, params) else cache_key(stage, module.VERSION, params, inputs)
+            key = cache_key(stage, module.VERSION, params, inputs) if _is_cacheable(module, params) else None
         except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded outcome
             _record_failure(session, run, exc)
             return StageState.FAILED
         if use_cache and not run.is_forced and key is not None and _reuse_cached(session, rt.store, run, key):
             log.info("job %s stage %s: reused outputs of an equal earlier run", job.id, stage.value)
             return StageState.SKIPPED_CACHED
-        repo.set_stage_state(session, run, StageState.RUNNING, worker_host=rt.worker_host, cache_key=key)
+        run.cache_key = key
         spec = {"source": job.source, "recipe": job.recipe, "options": job.params}
         attempt, job_id = run.attempt, job.id
     log.info("job %s stage %s: attempt %s started on %s", job_id, stage.value, attempt, rt.worker_host)
@@ -118,19 +127,61 @@ def execute_run(rt: Runtime, run_id: int, use_cache: bool = True) -> StageState:
     workdir = rt.work_root / f"job{job_id}-{stage.value}-attempt{attempt}-run{run_id}"
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
+    heartbeat = _Heartbeat(rt, run_id)
     try:
-        result = module.run(params, inputs, workdir, **_clients_for(module.run, rt.clients))
+        with heartbeat:
+            result = module.run(params, inputs, workdir, **_clients_for(module.run, rt.clients))
         with session_scope(rt.sessions) as session:
-            run = session.get_one(StageRun, run_id)
+            run = _lock_run(session, run_id)
+            if run.status != StageState.RUNNING.value:
+                # Cancelled, or declared lost while we worked: our outputs are not wanted.
+                log.warning("job %s stage %s: run %s is %s; outputs discarded",
+                            job_id, stage.value, run_id, run.status)
+                return StageState(run.status)
             _record_success(rt, session, run, module.VERSION, params, spec, inputs, result)
         return StageState.SUCCEEDED
     except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded outcome
         log.warning("job %s stage %s: attempt %s failed: %s", job_id, stage.value, attempt, exc)
         with session_scope(rt.sessions) as session:
-            _record_failure(session, session.get_one(StageRun, run_id), exc)
+            run = _lock_run(session, run_id)
+            if run.status != StageState.RUNNING.value:
+                return StageState(run.status)
+            _record_failure(session, run, exc)
         return StageState.FAILED
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _lock_run(session: Session, run_id: int) -> StageRun:
+    # FOR UPDATE (ignored by SQLite): a concurrent cancel or reconcile waits for our verdict.
+    return session.execute(
+        select(StageRun).where(StageRun.id == run_id).with_for_update()
+    ).scalar_one()
+
+
+class _Heartbeat:
+    """Stamps the run as alive every `rt.heartbeat_s` seconds while the stage works."""
+
+    def __init__(self, rt: Runtime, run_id: int) -> None:
+        self._rt, self._run_id = rt, run_id
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{run_id}", daemon=True)
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._rt.heartbeat_s):
+            try:
+                with session_scope(self._rt.sessions) as session:
+                    repo.touch_heartbeat(session, self._run_id)
+            except Exception:  # noqa: BLE001 - a missed beat (database restarting) is not fatal
+                log.warning("run %s: heartbeat not recorded", self._run_id, exc_info=True)
 
 
 def _is_cacheable(module: Any, params: Any) -> bool:

@@ -34,8 +34,14 @@ class Settings(BaseSettings):
     work_root: Path | None = None
     # Attempts of one stage before the job fails for good (worker lost, retryable errors).
     max_attempts: int = 3
+    # Seconds between heartbeats of a running stage.
+    heartbeat_s: float = 10.0
     # Seconds without a heartbeat after which a running stage counts as lost.
     heartbeat_timeout_s: float = 120.0
+    # First retry delay for retryable failures; doubles with each attempt.
+    retry_base_s: float = 5.0
+    # A queued stage whose message the broker does not hold is re-sent after this many seconds.
+    requeue_after_s: float = 60.0
     # Hugging Face token, passed to the hub client only; never stored or logged.
     hf_token: str | None = Field(default=None, repr=False)
 
@@ -64,6 +70,11 @@ class Settings(BaseSettings):
         """Check values a process cannot run without; returns self for chaining."""
         if self.max_attempts < 1:
             raise InputError(f"BONSAI_MAX_ATTEMPTS must be at least 1, got {self.max_attempts}")
+        if self.heartbeat_timeout_s <= 2 * self.heartbeat_s:
+            raise InputError(
+                f"BONSAI_HEARTBEAT_TIMEOUT_S ({self.heartbeat_timeout_s}) must exceed twice "
+                f"BONSAI_HEARTBEAT_S ({self.heartbeat_s}), or live stages would be declared lost"
+            )
         if self.heartbeat_timeout_s <= 0:
             raise InputError(
                 f"BONSAI_HEARTBEAT_TIMEOUT_S must be positive, got {self.heartbeat_timeout_s}"

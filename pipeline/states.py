@@ -69,8 +69,8 @@ _STAGE_MOVES: dict[StageState, frozenset[StageState]] = {
     _S.PENDING: frozenset({_S.QUEUED, _S.RUNNING, _S.SKIPPED_CACHED, _S.CANCELLED, _S.FAILED}),
     # queued -> queued is a re-dispatch of the same attempt by the reconciler.
     _S.QUEUED: frozenset({_S.QUEUED, _S.RUNNING, _S.SKIPPED_CACHED, _S.CANCELLED, _S.FAILED}),
-    # running -> queued: the worker was lost and the attempt goes back to the queue.
-    _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.CANCELLED, _S.QUEUED}),
+    # running -> skipped-cached: the claimed attempt found an equal earlier result.
+    _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.CANCELLED, _S.SKIPPED_CACHED}),
     _S.SUCCEEDED: frozenset(),
     _S.FAILED: frozenset(),
     _S.CANCELLED: frozenset(),

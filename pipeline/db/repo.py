@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from pipeline.db.models import Artifact, Job, Provenance, RunArtifact, StageRun, utcnow
@@ -28,6 +28,8 @@ __all__ = [
     "link_artifact",
     "add_provenance",
     "find_cached_run",
+    "claim_run",
+    "touch_heartbeat",
 ]
 
 
@@ -180,3 +182,33 @@ def find_cached_run(session: Session, cache_key: str, exclude_run_id: int | None
     if exclude_run_id is not None:
         query = query.where(StageRun.id != exclude_run_id)
     return session.scalar(query)
+
+
+def claim_run(session: Session, run_id: int, worker_host: str) -> bool:
+    """Atomically move a pending or queued run to running; False when another process has it.
+
+    A single conditional UPDATE, so two deliveries of one message never both start it.
+    """
+    now = utcnow()
+    result = session.execute(
+        update(StageRun)
+        .where(
+            StageRun.id == run_id,
+            StageRun.status.in_((StageState.PENDING.value, StageState.QUEUED.value)),
+        )
+        .values(status=StageState.RUNNING.value, worker_host=worker_host, started_at=now, heartbeat_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    session.flush()
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def touch_heartbeat(session: Session, run_id: int) -> bool:
+    """Stamp a running run as alive; False when it is no longer running (cancelled or lost)."""
+    result = session.execute(
+        update(StageRun)
+        .where(StageRun.id == run_id, StageRun.status == StageState.RUNNING.value)
+        .values(heartbeat_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
