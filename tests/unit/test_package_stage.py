@@ -1,0 +1,136 @@
+"""Package stage on the demo checkpoint, with parts made here (not by the decompose stage)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from pipeline.errors import IntegrityError
+from pipeline.gguf_pack.inspect import inspect_gguf
+from pipeline.gguf_pack.keys import PART_METADATA_TENSORS
+from pipeline.gguf_pack.source import iter_tensors
+from pipeline.stages import package
+from pipeline.stages.base import InputFile, JobSpec, sha256_file
+
+_TERNARY = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def _encode(name: str, weight: np.ndarray, ternary: str) -> tuple[str, np.ndarray]:
+    if any(f".{kind}." in name for kind in _TERNARY):
+        qtype = gguf.GGMLQuantizationType[ternary]
+        return ternary, gguf.quants.quantize(weight, qtype).reshape(-1)
+    if weight.ndim == 1:
+        return "F32", weight.astype(np.float32).reshape(-1).view(np.uint8)
+    return "F16", weight.astype(np.float16).reshape(-1).view(np.uint8)
+
+
+def make_parts(checkpoint: Path, card: dict[str, Any], dest: Path, ternary: str = "TQ2_0",
+               n_parts: int = 2) -> list[Path]:
+    """Stand-in for decompose: every tensor of the card, block linears as `ternary`, split in parts."""
+    dest.mkdir(parents=True, exist_ok=True)
+    files = {shard: checkpoint / shard for shard in card["shards"]}
+    encoded = [(name, *_encode(name, t.numpy(), ternary))
+               for shard in card["shards"] for name, t in iter_tensors(card, files, shard)]
+    paths = []
+    for i in range(n_parts):
+        chunk = encoded[i::n_parts]
+        meta = {name: {"ggml_type": qtype, "shape": [int(d) for d in _shape(card, name)]}
+                for name, qtype, _ in chunk}
+        path = dest / f"part-{i + 1:05d}.safetensors"
+        save_file({name: data for name, _, data in chunk}, str(path),
+                  metadata={PART_METADATA_TENSORS: json.dumps(meta, sort_keys=True)})
+        paths.append(path)
+    return paths
+
+
+def _shape(card: dict[str, Any], gguf_name: str) -> tuple[int, ...]:
+    from pipeline.gguf_pack.source import tensor_plan
+
+    return next(p.shape for p in tensor_plan(card) if p.gguf_name == gguf_name)
+
+
+def _input(key: str, path: Path) -> tuple[str, InputFile]:
+    return key, InputFile(key.split("/", 1)[1], path, sha256_file(path), path.stat().st_size)
+
+
+def package_inputs(checkpoint: Path, card: dict[str, Any], tmp: Path, ternary: str = "TQ2_0") -> dict[str, InputFile]:
+    """Everything the package stage reads, for the demo checkpoint."""
+    card_path = tmp / "model_card.json"
+    card_path.write_text(json.dumps(card), encoding="utf-8")
+    items = [_input(f"download/{n}", checkpoint / n) for n in ("config.json", "tokenizer.json",
+                                                             "tokenizer_config.json")]
+    items.append(_input("inspect/model_card.json", card_path))
+    items += [_input(f"decompose/ternary/{p.name}", p) for p in make_parts(checkpoint, card, tmp / "parts", ternary)]
+    return dict(items)
+
+
+@pytest.fixture(scope="module")
+def packaged(demo_checkpoint: Path, demo_card: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    tmp = tmp_path_factory.mktemp("package")
+    inputs = package_inputs(demo_checkpoint, demo_card, tmp)
+    workdir = tmp / "work"
+    workdir.mkdir()
+    params = package.make_params(JobSpec(source="local/demo-llama"))
+    return package.run(params, inputs, workdir)
+
+
+def test_make_params_names_model_after_source() -> None:
+    assert package.make_params(JobSpec(source="org/Tiny-Llama@abc123")).model_name == "Tiny-Llama"
+    assert package.make_params(JobSpec(source="x", options={"name": "given"})).model_name == "given"
+
+
+def test_package_writes_verified_gguf(packaged: Any, demo_card: dict[str, Any]) -> None:
+    (output,) = packaged.outputs
+    assert output.name == "model.gguf" and output.kind == "gguf"
+    assert output.media_type == "application/octet-stream"
+    assert output.path.is_file()
+    assert not list(output.path.parent.glob(".*partial"))
+    metrics = packaged.metrics
+    assert metrics["tensor_count"] == len(demo_card["tensors"])
+    assert metrics["types"] == {"F16": 2, "F32": 5, "TQ2_0": 14}
+    assert metrics["file_type"] == "MOSTLY_TQ2_0"
+    assert metrics["size_bytes"] == output.path.stat().st_size
+    assert 2.0625 < metrics["bits_per_weight"] < 16
+
+
+def test_packaged_metadata_reads_back(packaged: Any) -> None:
+    reader = gguf.GGUFReader(packaged.outputs[0].path)
+    values = {k: reader.get_field(k).contents() for k in (
+        "general.architecture", "general.name", "llama.block_count", "llama.embedding_length",
+        "llama.attention.head_count_kv", "llama.rope.dimension_count", "tokenizer.ggml.model",
+        "tokenizer.ggml.pre", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.add_bos_token", "bonsai.source")}
+    assert values == {
+        "general.architecture": "llama", "general.name": "demo-llama", "llama.block_count": 2,
+        "llama.embedding_length": 256, "llama.attention.head_count_kv": 2, "llama.rope.dimension_count": 64,
+        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.bos_token_id": 0,
+        "tokenizer.ggml.add_bos_token": True, "bonsai.source": "local/demo-llama",
+    }
+    summary = inspect_gguf(packaged.outputs[0].path)
+    assert summary.shapes["blk.0.ffn_down.weight"] == (256, 512)
+
+
+def test_missing_tensor_in_parts_is_refused(demo_checkpoint: Path, demo_card: dict[str, Any],
+                                            tmp_path: Path) -> None:
+    inputs = package_inputs(demo_checkpoint, demo_card, tmp_path)
+    del inputs["decompose/ternary/part-00002.safetensors"]
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    with pytest.raises(IntegrityError, match="missing"):
+        package.run(package.make_params(JobSpec(source="demo")), inputs, workdir)
+    assert not list(workdir.iterdir())
+
+
+@pytest.mark.llama
+def test_packaged_demo_loads_in_llama_cpp(packaged: Any) -> None:
+    llama_cpp = pytest.importorskip("llama_cpp")
+    model = llama_cpp.Llama(model_path=str(packaged.outputs[0].path), n_ctx=64, n_threads=1, verbose=False,
+                            seed=0)
+    assert model.n_vocab() == 512
+    out = model.create_completion("1+1=", max_tokens=4, temperature=0.0)
+    assert isinstance(out["choices"][0]["text"], str)
