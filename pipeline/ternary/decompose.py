@@ -54,7 +54,9 @@ def sparsity(codes: torch.Tensor) -> float:
     return float((codes == 0).sum().item()) / max(codes.numel(), 1)
 
 
-def _fit(blocks: torch.Tensor, method: str, importance: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _fit(
+    blocks: torch.Tensor, method: str, importance: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     if method == "optimal":
         return fit_optimal(blocks, importance)
     if method == "absmean":

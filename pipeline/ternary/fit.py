@@ -93,7 +93,8 @@ def fit_optimal(
     best = torch.argmax(objective, dim=1)  # first maximum: smallest k on ties
     k = best + 1
     d = torch.gather(gain_num, 1, best.unsqueeze(1)).squeeze(1)
-    d = d / (k.to(torch.float32) if importance is None else torch.gather(count, 1, best.unsqueeze(1)).squeeze(1))
+    denom = k.to(torch.float32) if importance is None else torch.gather(count, 1, best.unsqueeze(1))[:, 0]
+    d = d / denom
     d = torch.where(torch.isfinite(d), d, torch.zeros_like(d))
     keep_sorted = torch.arange(block_size, device=blocks.device).unsqueeze(0) < k.unsqueeze(1)
     keep = torch.zeros_like(keep_sorted).scatter_(1, order, keep_sorted)

@@ -68,7 +68,7 @@ def bits_per_weight(ggml_type: str) -> float:
 
 
 def tensor_nbytes(ggml_type: str, shape: tuple[int, ...]) -> int:
-    """Bytes a tensor of torch ``shape`` takes in ``ggml_type``; ValueError if the rows do not fit the blocks."""
+    """Bytes a tensor of torch ``shape`` takes in ``ggml_type``; ValueError if rows do not fit its blocks."""
     block, type_bytes = GGML_QUANT_SIZES[_qtype(ggml_type)]
     cols = shape[-1] if shape else 1
     if cols % block != 0:
@@ -97,7 +97,7 @@ def _as_blocks(codes: npt.ArrayLike | torch.Tensor, scales: npt.ArrayLike | torc
 
 
 def pack_tq2_0(codes: npt.ArrayLike | torch.Tensor, scales: npt.ArrayLike | torch.Tensor) -> U8Array:
-    """TQ2_0 bytes, ``[n_blocks * 66]``, for codes ``[n_blocks, 256]`` (any shape of n*256) and scales ``[n_blocks]``."""
+    """TQ2_0 bytes ``[n_blocks * 66]`` for codes ``[n_blocks, 256]`` (any n*256 shape), scales [n_blocks]."""
     q, d = _as_blocks(codes, scales)
     planes = q.reshape(-1, 2, 4, 32) << np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
     qs = np.bitwise_or.reduce(planes, axis=2).reshape(-1, 64)
@@ -159,7 +159,9 @@ def pack_ternary(ggml_type: str, codes: npt.ArrayLike | torch.Tensor,
     raise ValueError(f"{ggml_type!r} is not a ternary type; expected one of {TERNARY_TYPES}")
 
 
-def unpack_ternary(ggml_type: str, raw: npt.ArrayLike) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]:
+def unpack_ternary(
+    ggml_type: str, raw: npt.ArrayLike
+) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]:
     """`unpack_tq2_0` or `unpack_tq1_0` by type name."""
     if ggml_type == "TQ2_0":
         return unpack_tq2_0(raw)

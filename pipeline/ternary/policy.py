@@ -10,7 +10,8 @@ Example::
     recipe = get_recipe("tq2_0", {"method": "optimal"})
     decide("blk.0.ffn_down.weight", (256, 640), recipe)
     # TensorDecision(ggml_type='F16', is_ternary=False, is_fallback=True,
-    #   reason='blk.0.ffn_down.weight: row length 640 is not a multiple of 256 (TQ2_0 block size); kept as F16')
+    #   reason='blk.0.ffn_down.weight: row length 640 is not a multiple of 256 (TQ2_0 block size);
+    #           kept as F16')
 """
 
 from __future__ import annotations
@@ -140,7 +141,10 @@ def decide(gguf_name: str, shape: tuple[int, ...], recipe: Recipe) -> TensorDeci
     if cols % QK_K or cols == 0:
         return TensorDecision(
             fallback, False,
-            f"{gguf_name}: row length {cols} is not a multiple of {QK_K} ({tq} block size); kept as {fallback}",
+            f"{gguf_name}: row length {cols} is not a multiple of {QK_K} ({tq} block size); "
+            f"kept as {fallback}",
             is_fallback=True,
         )
-    return TensorDecision(tq, True, f"{gguf_name}: linear weight [{rows}, {cols}] -> {tq} ({recipe.method} fit)")
+    return TensorDecision(
+        tq, True, f"{gguf_name}: linear weight [{rows}, {cols}] -> {tq} ({recipe.method} fit)"
+    )

@@ -8,7 +8,8 @@ from pipeline.errors import InputError
 from pipeline.ternary.policy import RECIPES, decide, get_recipe
 
 
-@pytest.mark.parametrize("kind", ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"])
+@pytest.mark.parametrize("kind", ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
+                                  "ffn_down"])
 def test_linear_weights_go_ternary(kind: str) -> None:
     decision = decide(f"blk.3.{kind}.weight", (512, 768), get_recipe("tq2_0"))
     assert decision.ggml_type == "TQ2_0" and decision.is_ternary and not decision.is_fallback
@@ -44,7 +45,8 @@ def test_unknown_2d_tensor_is_a_named_fallback() -> None:
 
 def test_every_fallback_has_its_name() -> None:
     recipe = get_recipe("tq1_0")
-    cases = [("blk.0.attn_q.weight", (640, 640)), ("blk.0.ffn_up.weight", (4, 4, 256)), ("pos.weight", (8, 8))]
+    cases = [("blk.0.attn_q.weight", (640, 640)), ("blk.0.ffn_up.weight", (4, 4, 256)),
+             ("pos.weight", (8, 8))]
     for name, shape in cases:
         decision = decide(name, shape, recipe)
         assert decision.is_fallback and not decision.is_ternary and decision.reason.startswith(f"{name}:")

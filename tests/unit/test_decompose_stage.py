@@ -1,0 +1,144 @@
+"""The decompose stage on tiny checkpoints: part files, report, plot, fallbacks, shard fan-out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+from safetensors import safe_open
+
+from pipeline.errors import InputError
+from pipeline.stages.base import InputFile, JobSpec, sha256_file
+
+source = pytest.importorskip("pipeline.gguf_pack.source", reason="pipeline/gguf_pack/source.py is missing")
+from pipeline.stages import decompose  # noqa: E402
+
+_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+    "intermediate_size": 320, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "vocab_size": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 128,
+}
+
+
+def _inputs(folder: Path, card: dict[str, Any], shards: list[str], src: Path | None = None,
+            ) -> dict[str, InputFile]:
+    card_path = folder / "model_card.json"
+    card_path.write_text(json.dumps(card))
+    items = {"inspect/model_card.json": card_path} | {f"download/{s}": (src or folder) / s for s in shards}
+    return {k: InputFile(k.split("/", 1)[1], p, sha256_file(p), p.stat().st_size) for k, p in items.items()}
+
+
+def _gaussian_model(folder: Path) -> dict[str, Any]:
+    """Two-shard Llama, Gaussian weights, intermediate 320 (ffn_down rows not a multiple of 256)."""
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(0)
+    h, i, v, kv = 256, 320, 64, 128
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h)}
+    for b in range(2):
+        p = f"model.layers.{b}"
+        shapes |= {f"{p}.self_attn.q_proj.weight": (h, h), f"{p}.self_attn.k_proj.weight": (kv, h),
+                   f"{p}.self_attn.v_proj.weight": (kv, h), f"{p}.self_attn.o_proj.weight": (h, h),
+                   f"{p}.mlp.gate_proj.weight": (i, h), f"{p}.mlp.up_proj.weight": (i, h),
+                   f"{p}.mlp.down_proj.weight": (h, i), f"{p}.input_layernorm.weight": (h,),
+                   f"{p}.post_attention_layernorm.weight": (h,)}
+    shapes |= {"model.norm.weight": (h,), "lm_head.weight": (v, h)}
+    tensors = {k: (torch.randn(s, generator=gen) * 0.02).to(torch.bfloat16) for k, s in shapes.items()}
+    shard_of = {k: ("model-00001-of-00002.safetensors" if ".layers.1." not in k else
+                    "model-00002-of-00002.safetensors") for k in tensors}
+    for shard in sorted(set(shard_of.values())):
+        save_file({k: t for k, t in tensors.items() if shard_of[k] == shard}, str(folder / shard))
+    return {
+        "architecture": "llama", "hf_architecture": "LlamaForCausalLM", "config": _CONFIG,
+        "format": "safetensors", "shards": sorted(set(shard_of.values())),
+        "tensors": [{"name": k, "shape": list(t.shape), "dtype": "BF16", "shard": shard_of[k]}
+                    for k, t in tensors.items()],
+    }
+
+
+def test_ternary_demo_checkpoint_is_exact(demo_checkpoint: Path, demo_card: dict[str, Any],
+                                          tmp_path: Path) -> None:
+    inputs = _inputs(tmp_path, demo_card, demo_card["shards"], demo_checkpoint)
+    work = tmp_path / "work"
+    work.mkdir()
+    result = decompose.run(decompose.make_params(JobSpec("demo")), inputs, work)
+    kinds = {o.name: (o.kind, o.media_type) for o in result.outputs}
+    assert kinds == {
+        "ternary/part-00001.safetensors": ("ternary-part", "application/octet-stream"),
+        "report.json": ("decompose-report", "application/json"),
+        "sparsity.png": ("plot", "image/png"),
+    }
+    metrics = result.metrics
+    assert metrics["n_ternary"] == 14 and metrics["n_fallback"] == 0 and metrics["device"] == "cpu"
+    assert metrics["rel_error"] < 1e-6  # the demo weights are exactly scale * ternary
+    assert 0.2 < metrics["sparsity"] < 0.45
+    assert (work / "sparsity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = json.loads((work / "report.json").read_text())
+    assert set(report["layers"]) == {"0", "1"} and report["method"] == "optimal"
+    row = next(t for t in report["tensors"] if t["name"] == "blk.0.attn_q.weight")
+    assert row["ggml_type"] == "TQ2_0" and row["bits_per_weight"] == 2.0625
+    assert row["absmean_rel_error"] > 0.05  # absmean does not recover ternary weights exactly
+    assert result.warnings == ()
+
+
+def test_gaussian_two_shards_with_fallbacks(tmp_path: Path) -> None:
+    card = _gaussian_model(tmp_path)
+    inputs = _inputs(tmp_path, card, card["shards"])
+    work = tmp_path / "work"
+    work.mkdir()
+    result = decompose.run(decompose.make_params(JobSpec("x", options={"irls_iters": 1})), inputs, work)
+    report = json.loads((work / "report.json").read_text())
+    assert [f["name"] for f in report["fallbacks"]] == ["blk.0.ffn_down.weight", "blk.1.ffn_down.weight"]
+    assert "row length 320 is not a multiple of 256" in result.warnings[0]
+    assert result.metrics["n_ternary"] == 12 and result.metrics["n_fallback"] == 2
+    assert 0.40 < result.metrics["rel_error"] < 0.47 < 0.49 < result.metrics["absmean_rel_error"] < 0.53
+    parts = sorted(o.path for o in result.outputs if o.kind == "ternary-part")
+    assert [p.name for p in parts] == ["part-00001.safetensors", "part-00002.safetensors"]
+    # The bytes are GGUF blocks: gguf's own dequantize gives back the reported error.
+    files = {s: tmp_path / s for s in card["shards"]}
+    src = dict(source.iter_tensors(card, files, card["shards"][1]))
+    index = decompose.read_part_index(parts[1])
+    assert index["blk.1.ffn_up.weight"] == {"ggml_type": "TQ2_0", "shape": [320, 256]}
+    assert index["blk.1.ffn_down.weight"]["ggml_type"] == "F16"
+    with safe_open(str(parts[1]), framework="numpy") as handle:
+        raw = handle.get_tensor("blk.1.ffn_up.weight")
+    assert raw.dtype == np.uint8 and raw.size == 320 * 66
+    values = quants.dequantize(raw.reshape(320, -1), GGMLQuantizationType.TQ2_0)
+    w = src["blk.1.ffn_up.weight"].numpy()
+    rel = float(np.linalg.norm(w - values) / np.linalg.norm(w))
+    row = next(t for t in report["tensors"] if t["name"] == "blk.1.ffn_up.weight")
+    assert rel == pytest.approx(row["rel_error"], rel=1e-4)
+
+
+def test_fan_out_one_shard_tq1_0(tmp_path: Path) -> None:
+    card = _gaussian_model(tmp_path)
+    inputs = _inputs(tmp_path, card, card["shards"])
+    work = tmp_path / "work"
+    work.mkdir()
+    job = JobSpec("x", recipe="tq1_0", options={"shards": [card["shards"][1]], "device": "cpu"})
+    result = decompose.run(decompose.make_params(job), inputs, work)
+    parts = [o.name for o in result.outputs if o.kind == "ternary-part"]
+    assert parts == ["ternary/part-00002.safetensors"]
+    index = decompose.read_part_index(work / parts[0])
+    assert index["blk.1.attn_q.weight"]["ggml_type"] == "TQ1_0"
+    assert "token_embd.weight" not in index and result.metrics["ternary_bpw"] == 1.6875
+
+
+def test_refusals(tmp_path: Path) -> None:
+    card = _gaussian_model(tmp_path)
+    with pytest.raises(InputError, match="known recipes"):
+        decompose.make_params(JobSpec("x", recipe="q4"))
+    with pytest.raises(InputError, match="device"):
+        decompose.make_params(JobSpec("x", options={"device": "tpu"}))
+    inputs = _inputs(tmp_path, card, card["shards"][:1])
+    params = decompose.make_params(JobSpec("x"))
+    with pytest.raises(InputError, match="model-00002-of-00002"):
+        decompose.run(params, inputs, tmp_path)
+    del inputs["inspect/model_card.json"]
+    with pytest.raises(InputError, match="model_card.json"):
+        decompose.run(params, inputs, tmp_path)
