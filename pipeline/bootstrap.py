@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from functools import cache
-
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
@@ -15,12 +13,24 @@ from pipeline.errors import InputError
 from pipeline.execution import Runtime
 from pipeline.settings import Settings
 
-__all__ = ["build_runtime", "migrate_database", "engine_for"]
+__all__ = ["build_runtime", "migrate_database", "engine_for", "forget_engines_after_fork"]
 
 
-@cache
+_ENGINES: dict[str, Engine] = {}
+
+
 def engine_for(url: str) -> Engine:
-    return make_engine(url)
+    """One engine per URL per process."""
+    if url not in _ENGINES:
+        _ENGINES[url] = make_engine(url)
+    return _ENGINES[url]
+
+
+def forget_engines_after_fork() -> None:
+    """In a forked child: drop the parent's pooled connections without closing its sockets."""
+    for engine in _ENGINES.values():
+        engine.dispose(close=False)
+    _ENGINES.clear()
 
 
 def migrate_database(settings: Settings) -> str:

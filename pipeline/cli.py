@@ -84,6 +84,12 @@ def _guard(func: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
+def _stage_names() -> list[Any]:
+    from pipeline.states import StageName
+
+    return list(StageName)
+
+
 def _parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
     options: dict[str, Any] = {}
     for pair in pairs:
@@ -138,6 +144,154 @@ def show(obj: CliContext, job_id: int, as_json: bool) -> None:
     from pipeline.reports import print_job
 
     print_job(obj.runtime(), job_id, as_json)
+
+
+def _require_broker(obj: CliContext, command: str) -> None:
+    if obj.settings.is_embedded:
+        _fail(f"`bonsai {command}` needs a broker: set BONSAI_BROKER_URL or --broker-url "
+              "(for one checkpoint without servers, use `bonsai convert`)")
+
+
+def _export_settings(settings: Settings) -> None:
+    """Put CLI overrides into the environment so Celery and its pool children see them."""
+    import os
+
+    values = {"BONSAI_HOME": str(settings.home), "BONSAI_DATABASE_URL": settings.resolved_database_url,
+              "BONSAI_BROKER_URL": settings.broker_url,
+              "BONSAI_ARTIFACT_ROOT": str(settings.resolved_artifact_root)}
+    os.environ.update({key: value for key, value in values.items() if value})
+
+
+@cli.command()
+@click.argument("sources", nargs=-1)
+@click.option("--manifest", type=click.Path(path_type=Path, dir_okay=False), help="YAML or JSON list of jobs.")
+@click.option("--recipe", default="tq2_0", show_default=True)
+@click.option("--priority", default=0, show_default=True, help="Higher runs sooner.")
+@click.option("--option", "options", multiple=True, help="Recipe knob KEY=VALUE (repeatable).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@_guard
+def submit(obj: CliContext, sources: tuple[str, ...], manifest: Path | None, recipe: str, priority: int,
+           options: tuple[str, ...], as_json: bool) -> None:
+    """Record jobs and dispatch them to workers; prints the job ids."""
+    from pipeline.job_control import JobRequest, read_manifest
+
+    _require_broker(obj, "submit")
+    requests = [JobRequest(s, recipe, priority, _parse_options(options)) for s in sources]
+    if manifest is not None:
+        requests += read_manifest(manifest, recipe, priority)
+    if not requests:
+        _fail("nothing to submit: give SOURCE arguments or --manifest FILE")
+    _export_settings(obj.settings)
+    from workers.control import submit_jobs
+
+    job_ids = submit_jobs(obj.runtime(), obj.settings, requests)
+    click.echo(json.dumps({"job_ids": job_ids}) if as_json else "\n".join(map(str, job_ids)))
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@click.option("--from", "from_stage", type=click.Choice([s.value for s in _stage_names()]), default=None,
+              help="First stage to rerun (default: the first one not done).")
+@click.option("--force", is_flag=True, help="Ignore cached results for the rerun stages.")
+@click.pass_obj
+@_guard
+def retry(obj: CliContext, job_id: int, from_stage: str | None, force: bool) -> None:
+    """New attempts for STAGE and everything after it; earlier attempts are kept."""
+    from pipeline.job_control import retry_job
+    from pipeline.db.session import session_scope
+    from pipeline.states import StageName
+
+    rt = obj.runtime()
+    with session_scope(rt.sessions) as session:
+        run_ids = retry_job(session, job_id, StageName(from_stage) if from_stage else None, force)
+    click.echo(f"job {job_id}: {len(run_ids)} new attempts")
+    if obj.settings.is_embedded:
+        from pipeline.convert import run_and_report
+
+        sys.exit(run_and_report(rt, job_id, as_json=False))
+    _export_settings(obj.settings)
+    from workers.dispatch import advance
+
+    advance(rt.sessions, obj.settings, job_id)
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@click.pass_obj
+@_guard
+def cancel(obj: CliContext, job_id: int) -> None:
+    """Stop a job: unfinished attempts are cancelled and running tasks revoked."""
+    from pipeline.db.session import session_scope
+    from pipeline.job_control import cancel_job
+
+    rt = obj.runtime()
+    with session_scope(rt.sessions) as session:
+        task_ids = cancel_job(session, job_id)
+    if task_ids and not obj.settings.is_embedded:
+        _export_settings(obj.settings)
+        from workers.celery_app import app
+
+        app.control.revoke(task_ids, terminate=True, signal="SIGTERM")
+    click.echo(f"job {job_id} cancelled ({len(task_ids)} task(s) revoked)")
+
+
+@cli.command()
+@click.option("--queues", default="io,cpu,gpu", show_default=True, help="Comma-separated: io, cpu, gpu.")
+@click.option("--concurrency", default=1, show_default=True, type=click.IntRange(1, 256))
+@click.option("--hostname", default=None, help="Worker node name (default bonsai-QUEUES@host).")
+@click.pass_obj
+@_guard
+def worker(obj: CliContext, queues: str, concurrency: int, hostname: str | None) -> None:
+    """Run a Celery worker for the given queues."""
+    _require_broker(obj, "worker")
+    wanted = [q.strip() for q in queues.split(",") if q.strip()]
+    unknown = sorted(set(wanted) - {"io", "cpu", "gpu"})
+    if unknown or not wanted:
+        _fail(f"--queues {queues!r}: unknown queue(s) {unknown}; choose from io, cpu, gpu")
+    _export_settings(obj.settings)
+    from workers.celery_app import app
+
+    name = hostname or f"bonsai-{'-'.join(wanted)}@%h"
+    app.worker_main(["worker", "-Q", ",".join(wanted), "-c", str(concurrency), "-O", "fair",
+                     "-n", name, "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
+
+
+@cli.command()
+@click.option("--every", "every_s", type=float, default=None, help="Repeat every N seconds until stopped.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@_guard
+def reconcile(obj: CliContext, every_s: float | None, as_json: bool) -> None:
+    """Re-dispatch stage runs whose message or worker was lost."""
+    import time
+
+    _require_broker(obj, "reconcile")
+    _export_settings(obj.settings)
+    from workers.reconcile import reconcile as reconcile_once
+
+    rt = obj.runtime()
+    while True:
+        report = reconcile_once(rt.sessions, obj.settings).as_dict()
+        if as_json:
+            click.echo(json.dumps(report))
+        else:
+            click.echo(", ".join(f"{k}: {len(v)}" for k, v in report.items()))
+        if every_s is None:
+            return
+        time.sleep(every_s)
+
+
+@cli.command()
+@click.option("--watch", "watch_s", type=float, default=None, help="Refresh every N seconds.")
+@click.option("--status", "status", default=None, help="Only jobs in this state.")
+@click.pass_obj
+@_guard
+def status(obj: CliContext, watch_s: float | None, status: str | None) -> None:
+    """Jobs with their progress; with --watch, a live table."""
+    from pipeline.reports import watch_jobs
+
+    watch_jobs(obj.runtime(), status, watch_s)
 
 
 @cli.command("demo-checkpoint")

@@ -15,7 +15,7 @@ from pipeline.embedded import StageEvent, run_job
 from pipeline.execution import Runtime
 from pipeline.states import JobState, StageState
 
-__all__ = ["convert_source"]
+__all__ = ["convert_source", "run_and_report"]
 
 _MARKS = {
     StageState.SUCCEEDED: "[green]ok[/green]",
@@ -28,12 +28,16 @@ _MARKS = {
 def convert_source(
     rt: Runtime, source: str, recipe: str, options: dict[str, Any], out: Path | None, as_json: bool
 ) -> int:
-    """Run a whole job in-process; returns the process exit code (0 when it succeeded)."""
-    console = Console(stderr=as_json)
+    """Submit one job and run it in-process; returns the exit code (0 when it succeeded)."""
     with session_scope(rt.sessions) as session:
         job_id = repo.create_job(session, source, recipe, options, submitted_by="cli:convert").id
-    console.print(f"job [bold]{job_id}[/bold]: converting {source} with recipe {recipe}")
+    Console(stderr=as_json).print(f"job [bold]{job_id}[/bold]: converting {source} with recipe {recipe}")
+    return run_and_report(rt, job_id, as_json, out)
 
+
+def run_and_report(rt: Runtime, job_id: int, as_json: bool, out: Path | None = None) -> int:
+    """Run a recorded job's remaining stages in-process, showing each; returns the exit code."""
+    console = Console(stderr=as_json)
     status = console.status("starting")
     status.start()
 

@@ -13,24 +13,52 @@ from pipeline.db import repo
 from pipeline.db.session import session_scope
 from pipeline.execution import Runtime
 
-__all__ = ["print_jobs", "print_job"]
+__all__ = ["print_jobs", "print_job", "watch_jobs"]
 
 
 def _dump(data: Any) -> None:
     print(json.dumps(data, indent=2, sort_keys=True, default=str))
 
 
-def print_jobs(rt: Runtime, status: str | None, as_json: bool) -> None:
+def _job_rows(rt: Runtime, status: str | None) -> list[dict[str, Any]]:
     with session_scope(rt.sessions) as session:
-        rows = [views.job_summary(job) for job in repo.list_jobs(session, status)]
+        return [views.job_summary(job) for job in repo.list_jobs(session, status)]
+
+
+def _jobs_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table("id", "status", "progress", "stage", "recipe", "priority", "source")
+    for row in rows:
+        done = int(row["progress"] * 20)
+        bar = "█" * done + "·" * (20 - done)
+        table.add_row(str(row["id"]), row["status"], f"{bar} {row['progress']:.0%}",
+                      row["current_stage"] or "-", row["recipe"], str(row["priority"]), row["source"])
+    return table
+
+
+def print_jobs(rt: Runtime, status: str | None, as_json: bool) -> None:
+    rows = _job_rows(rt, status)
     if as_json:
         _dump(rows)
         return
-    table = Table("id", "status", "progress", "stage", "recipe", "source")
-    for row in rows:
-        table.add_row(str(row["id"]), row["status"], f"{row['progress']:.0%}", row["current_stage"] or "-",
-                      row["recipe"], row["source"])
-    Console().print(table)
+    Console().print(_jobs_table(rows))
+
+
+def watch_jobs(rt: Runtime, status: str | None, every_s: float | None) -> None:
+    """The jobs table once, or refreshed every `every_s` seconds until interrupted."""
+    if every_s is None:
+        Console().print(_jobs_table(_job_rows(rt, status)))
+        return
+    import time
+
+    from rich.live import Live
+
+    with Live(_jobs_table(_job_rows(rt, status)), refresh_per_second=4) as live:
+        try:
+            while True:
+                time.sleep(every_s)
+                live.update(_jobs_table(_job_rows(rt, status)))
+        except KeyboardInterrupt:
+            pass
 
 
 def print_job(rt: Runtime, job_id: int, as_json: bool) -> None:

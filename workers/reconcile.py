@@ -1,0 +1,132 @@
+"""Find work whose message or worker was lost and put it back on track.
+
+Run by `bonsai reconcile` (once, or every N seconds). Each pass:
+1. running attempts with a stale heartbeat are recorded as failed ("worker lost", retryable);
+   the job then gets its next attempt, or fails once the attempt limit is reached;
+2. queued attempts the broker no longer holds (a restarted Redis, a send that failed) are
+   sent again under a new task id;
+3. jobs that are pending or running with nothing queued (a crash between recording a
+   result and sending the next stage) are advanced.
+Every step is idempotent, so passes may overlap with workers and with each other.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from pipeline.db import repo
+from pipeline.db.models import Job, StageRun, utcnow
+from pipeline.db.session import session_scope
+from pipeline.progression import WORKER_LOST
+from pipeline.settings import Settings
+from pipeline.states import JobState, StageName, StageState
+from workers import dispatch
+from workers.celery_app import QUEUES, app
+
+__all__ = ["ReconcileReport", "reconcile", "broker_task_ids"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReconcileReport:
+    lost_runs: list[int] = field(default_factory=list)
+    resent_runs: list[int] = field(default_factory=list)
+    advanced_jobs: list[int] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, list[int]]:
+        return {"lost_runs": self.lost_runs, "resent_runs": self.resent_runs,
+                "advanced_jobs": self.advanced_jobs}
+
+
+def broker_task_ids() -> set[str] | None:
+    """Task ids of every message Redis holds, waiting or delivered-unacked; None if unknown."""
+    try:
+        with app.connection_for_read() as connection:
+            client = connection.default_channel.client
+            names = [name for queue in QUEUES for name in [queue, *(f"{queue}:{p}" for p in range(1, 10))]]
+            ids: set[str] = set()
+            for name in names:
+                for raw in client.lrange(name, 0, -1):
+                    ids.add(json.loads(raw)["headers"]["id"])
+            for raw in client.hvals("unacked"):
+                ids.add(json.loads(raw)[0]["headers"]["id"])
+            return ids
+    except Exception:  # noqa: BLE001 - not Redis, or unreachable: fall back to age alone
+        log.warning("could not list the broker's messages; re-sending by age only", exc_info=True)
+        return None
+
+
+def _mark_lost(sessions: sessionmaker[Session], settings: Settings, report: ReconcileReport) -> None:
+    cutoff = utcnow() - timedelta(seconds=settings.heartbeat_timeout_s)
+    with session_scope(sessions) as session:
+        stale = session.scalars(
+            select(StageRun)
+            .where(StageRun.status == StageState.RUNNING.value, StageRun.heartbeat_at < cutoff)
+            .with_for_update(skip_locked=True)
+        ).all()
+        for run in stale:
+            silent_s = (utcnow() - run.heartbeat_at).total_seconds() if run.heartbeat_at else None
+            repo.set_stage_state(
+                session, run, StageState.FAILED, error_kind="retryable",
+                error_message=f"{WORKER_LOST}: no heartbeat from {run.worker_host} for {silent_s:.0f}s",
+            )
+            report.lost_runs.append(run.id)
+            log.warning("job %s stage %s: attempt %s lost (worker %s)", run.job_id, run.stage, run.attempt,
+                        run.worker_host)
+        lost_jobs = sorted({run.job_id for run in stale})
+    for job_id in lost_jobs:
+        dispatch.advance(sessions, settings, job_id)
+
+
+def _resend_orphans(sessions: sessionmaker[Session], settings: Settings, report: ReconcileReport) -> None:
+    cutoff = utcnow() - timedelta(seconds=settings.requeue_after_s)
+    with session_scope(sessions) as session:
+        queued = session.scalars(
+            select(StageRun).where(StageRun.status == StageState.QUEUED.value, StageRun.queued_at < cutoff)
+        ).all()
+        candidates = [(run.id, run.task_id, StageName(run.stage), run.job.priority) for run in queued]
+    if not candidates:
+        return
+    live = broker_task_ids()
+    for run_id, task_id, stage, priority in candidates:
+        if live is not None and task_id in live:
+            continue
+        new_task_id = str(uuid.uuid4())
+        with session_scope(sessions) as session:
+            run = session.get_one(StageRun, run_id)
+            if run.status != StageState.QUEUED.value:
+                continue
+            repo.set_stage_state(session, run, StageState.QUEUED, task_id=new_task_id)
+        dispatch.send(stage, run_id, new_task_id, priority)
+        report.resent_runs.append(run_id)
+
+
+def _advance_idle_jobs(sessions: sessionmaker[Session], settings: Settings, report: ReconcileReport) -> None:
+    active = (StageState.QUEUED.value, StageState.RUNNING.value)
+    with session_scope(sessions) as session:
+        busy = select(StageRun.job_id).where(StageRun.status.in_(active))
+        idle = session.scalars(
+            select(Job.id).where(
+                Job.status.in_((JobState.PENDING.value, JobState.RUNNING.value)), Job.id.not_in(busy)
+            )
+        ).all()
+    for job_id in idle:
+        dispatch.advance(sessions, settings, job_id)
+        report.advanced_jobs.append(job_id)
+
+
+def reconcile(sessions: sessionmaker[Session], settings: Settings) -> ReconcileReport:
+    """One pass over the database; see the module docstring."""
+    report = ReconcileReport()
+    _mark_lost(sessions, settings, report)
+    _resend_orphans(sessions, settings, report)
+    _advance_idle_jobs(sessions, settings, report)
+    return report
