@@ -137,8 +137,14 @@ def _model_tensors(
 
 
 def _config(
-    n_layers: int, hidden: int, intermediate: int, n_heads: int, n_kv_heads: int, vocab: int,
-    bos_id: int, eos_id: int,
+    n_layers: int,
+    hidden: int,
+    intermediate: int,
+    n_heads: int,
+    n_kv_heads: int,
+    vocab: int,
+    bos_id: int,
+    eos_id: int,
 ) -> dict[str, object]:
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -198,18 +204,23 @@ def write_demo_checkpoint(
 
     tensors = _model_tensors(n_layers, hidden, intermediate, n_heads, n_kv_heads, vocab, seed)
     save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
-    _write_json(dest / "config.json", _config(n_layers, hidden, intermediate, n_heads, n_kv_heads, vocab,
-                                              bos_id, eos_id))
+    _write_json(
+        dest / "config.json",
+        _config(n_layers, hidden, intermediate, n_heads, n_kv_heads, vocab, bos_id, eos_id),
+    )
     tokenizer.save(str(dest / "tokenizer.json"))  # type: ignore[attr-defined]
-    _write_json(dest / "tokenizer_config.json", {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": DEMO_BOS,
-        "eos_token": DEMO_EOS,
-        "add_bos_token": True,
-        "add_eos_token": False,
-        "model_max_length": 256,
-        "clean_up_tokenization_spaces": False,
-    })
+    _write_json(
+        dest / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": DEMO_BOS,
+            "eos_token": DEMO_EOS,
+            "add_bos_token": True,
+            "add_eos_token": False,
+            "model_max_length": 256,
+            "clean_up_tokenization_spaces": False,
+        },
+    )
     sums = []
     for name in DEMO_FILES:
         with open(dest / name, "rb") as handle:

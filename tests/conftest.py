@@ -16,6 +16,7 @@ if str(_REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(_REPO_ROOT))
 
 from pipeline.demo import write_demo_checkpoint  # noqa: E402
+from pipeline.stages.base import InputFile, sha256_file  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -41,8 +42,9 @@ def card_for_checkpoint(folder: Path) -> dict[str, Any]:
         with safe_open(str(folder / shard), framework="pt") as handle:
             for name in handle.keys():
                 view = handle.get_slice(name)
-                tensors.append({"name": name, "shape": list(view.get_shape()),
-                                "dtype": view.get_dtype(), "shard": shard})
+                tensors.append(
+                    {"name": name, "shape": list(view.get_shape()), "dtype": view.get_dtype(), "shard": shard}
+                )
     return {
         "architecture": config["model_type"],
         "hf_architecture": config["architectures"][0],
@@ -58,3 +60,84 @@ def card_for_checkpoint(folder: Path) -> dict[str, Any]:
 def demo_card(demo_checkpoint: Path) -> dict[str, Any]:
     """Model card (inspect-stage shape) of `demo_checkpoint`."""
     return card_for_checkpoint(demo_checkpoint)
+
+
+# --- package inputs without the decompose stage (stand-in parts) -------------------------------
+# Heavy imports (torch via gguf_pack.source, gguf) stay inside the helpers so that test
+# sessions that never package do not pay for them.
+
+_TERNARY = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def _encode(name: str, weight: Any, ternary: str) -> tuple[str, Any]:
+    import gguf
+    import numpy as np
+
+    if ternary == "F32":
+        return "F32", weight.astype(np.float32).reshape(-1).view(np.uint8)
+    if any(f".{kind}." in name for kind in _TERNARY):
+        qtype = gguf.GGMLQuantizationType[ternary]
+        return ternary, gguf.quants.quantize(weight, qtype).reshape(-1)
+    if weight.ndim == 1:
+        return "F32", weight.astype(np.float32).reshape(-1).view(np.uint8)
+    return "F16", weight.astype(np.float16).reshape(-1).view(np.uint8)
+
+
+def make_parts(
+    checkpoint: Path, card: dict[str, Any], dest: Path, ternary: str = "TQ2_0", n_parts: int = 2
+) -> list[Path]:
+    """Stand-in for decompose: every tensor of the card, block linears as `ternary`, split in parts."""
+    from safetensors.numpy import save_file
+
+    from pipeline.gguf_pack.keys import PART_METADATA_TENSORS
+    from pipeline.gguf_pack.source import iter_tensors
+
+    dest.mkdir(parents=True, exist_ok=True)
+    files = {shard: checkpoint / shard for shard in card["shards"]}
+    encoded = [
+        (name, *_encode(name, t.numpy(), ternary))
+        for shard in card["shards"]
+        for name, t in iter_tensors(card, files, shard)
+    ]
+    paths = []
+    for i in range(n_parts):
+        chunk = encoded[i::n_parts]
+        meta = {
+            name: {"ggml_type": qtype, "shape": [int(d) for d in _planned_shape(card, name)]}
+            for name, qtype, _ in chunk
+        }
+        path = dest / f"part-{i + 1:05d}.safetensors"
+        save_file(
+            {name: data for name, _, data in chunk},
+            str(path),
+            metadata={PART_METADATA_TENSORS: json.dumps(meta, sort_keys=True)},
+        )
+        paths.append(path)
+    return paths
+
+
+def _planned_shape(card: dict[str, Any], gguf_name: str) -> tuple[int, ...]:
+    from pipeline.gguf_pack.source import tensor_plan
+
+    return next(p.shape for p in tensor_plan(card) if p.gguf_name == gguf_name)
+
+
+def _input(key: str, path: Path) -> tuple[str, InputFile]:
+    return key, InputFile(key.split("/", 1)[1], path, sha256_file(path), path.stat().st_size)
+
+
+def package_inputs(
+    checkpoint: Path, card: dict[str, Any], tmp: Path, ternary: str = "TQ2_0"
+) -> dict[str, InputFile]:
+    """Everything the package stage reads, with stand-in decompose parts (block linears as `ternary`)."""
+    card_path = tmp / "model_card.json"
+    card_path.write_text(json.dumps(card), encoding="utf-8")
+    items = [
+        _input(f"download/{n}", checkpoint / n)
+        for n in ("config.json", "tokenizer.json", "tokenizer_config.json")
+    ]
+    items.append(_input("inspect/model_card.json", card_path))
+    items += [
+        _input(f"decompose/ternary/{p.name}", p) for p in make_parts(checkpoint, card, tmp / "parts", ternary)
+    ]
+    return dict(items)

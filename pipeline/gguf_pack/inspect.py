@@ -63,7 +63,8 @@ def _check_header(path: Path, size_bytes: int) -> None:
         raise IntegrityError(f"{path.name}: GGUF version {version} is not one the reader supports")
     if n_tensors * _MIN_TENSOR_INFO_BYTES + n_kv * _MIN_KV_BYTES > size_bytes:
         raise IntegrityError(
-            f"{path.name}: header claims {n_tensors} tensors and {n_kv} keys, more than {size_bytes} bytes can hold"
+            f"{path.name}: header claims {n_tensors} tensors and {n_kv} keys, "
+            f"more than {size_bytes} bytes can hold"
         )
 
 
@@ -93,19 +94,26 @@ def _check_tensor(tensor: Any, size_bytes: int, name: str) -> tuple[int, ...]:
     qtype = gguf.GGMLQuantizationType(tensor.tensor_type)
     block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
     if not shape or shape[-1] % block_size:
-        raise IntegrityError(f"{name}: tensor {tensor.name!r} shape {list(shape)} does not fit {qtype.name} blocks")
+        raise IntegrityError(
+            f"{name}: tensor {tensor.name!r} shape {list(shape)} does not fit {qtype.name} blocks"
+        )
     expected = tensor.n_elements // block_size * type_size
     end = int(tensor.data_offset) + expected
     if tensor.n_bytes != expected or end > size_bytes or tensor.data.nbytes != expected:
         raise IntegrityError(
             f"{name}: tensor {tensor.name!r} ({qtype.name} {list(shape)}) needs {expected} bytes at offset "
-            f"{tensor.data_offset}, but the file holds {tensor.data.nbytes} there (file is {size_bytes} bytes)"
+            f"{tensor.data_offset}, but the file holds {tensor.data.nbytes} there "
+            f"(file is {size_bytes} bytes)"
         )
     return shape
 
 
-def _compare(expected: Mapping[str, tuple[gguf.GGMLQuantizationType, tuple[int, ...]]],
-             types: Mapping[str, str], shapes: Mapping[str, tuple[int, ...]], name: str) -> None:
+def _compare(
+    expected: Mapping[str, tuple[gguf.GGMLQuantizationType, tuple[int, ...]]],
+    types: Mapping[str, str],
+    shapes: Mapping[str, tuple[int, ...]],
+    name: str,
+) -> None:
     missing = sorted(set(expected) - set(types))
     extra = sorted(set(types) - set(expected))
     if missing or extra:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import gguf
 
-__all__ = ["General", "LLM", "Attention", "Rope", "Tokenizer", "Bonsai", "arch_key",
-           "PART_METADATA_TENSORS"]
+__all__ = ["General", "LLM", "Attention", "Rope", "Tokenizer", "Bonsai", "arch_key", "PART_METADATA_TENSORS"]
 
 
 class General:

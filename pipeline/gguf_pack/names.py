@@ -10,8 +10,15 @@ from dataclasses import dataclass
 
 import gguf
 
-__all__ = ["ArchSpec", "ARCHITECTURES", "SKIPPED_SUFFIXES", "REQUIRED_GLOBAL", "REQUIRED_PER_BLOCK",
-           "TRY_SUFFIXES", "ROPE_PERMUTED"]
+__all__ = [
+    "ArchSpec",
+    "ARCHITECTURES",
+    "SKIPPED_SUFFIXES",
+    "REQUIRED_GLOBAL",
+    "REQUIRED_PER_BLOCK",
+    "TRY_SUFFIXES",
+    "ROPE_PERMUTED",
+]
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,13 @@ ROPE_PERMUTED: dict[str, str] = {
 # on purpose: with tied embeddings llama.cpp reuses token_embd.
 REQUIRED_GLOBAL: tuple[str, ...] = ("token_embd.weight", "output_norm.weight")
 REQUIRED_PER_BLOCK: tuple[str, ...] = (
-    "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
-    "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+    "attn_norm.weight",
+    "attn_q.weight",
+    "attn_k.weight",
+    "attn_v.weight",
+    "attn_output.weight",
+    "ffn_norm.weight",
+    "ffn_gate.weight",
+    "ffn_up.weight",
+    "ffn_down.weight",
 )

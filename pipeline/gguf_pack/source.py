@@ -82,7 +82,9 @@ def _head_count(config: Mapping[str, Any], key: str) -> int:
 def _parse_shape(entry: Mapping[str, Any]) -> tuple[int, ...]:
     shape = entry.get("shape")
     if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise InputError(f"model card tensor {entry.get('name')!r} has shape {shape!r}; expected a list of ints")
+        raise InputError(
+            f"model card tensor {entry.get('name')!r} has shape {shape!r}; expected a list of ints"
+        )
     return tuple(shape)
 
 
@@ -155,9 +157,7 @@ def rope_permute(weight: torch.Tensor, n_head: int) -> torch.Tensor:
     """
     rows = weight.shape[0]
     return (
-        weight.reshape(n_head, 2, rows // n_head // 2, *weight.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weight.shape)
+        weight.reshape(n_head, 2, rows // n_head // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
     )
 
 
@@ -194,7 +194,9 @@ def iter_tensors(
         present = set(handle.keys())
         for item in planned:
             if item.hf_name not in present:
-                raise IntegrityError(f"tensor {item.hf_name!r} is in the model card but not in shard {shard!r}")
+                raise IntegrityError(
+                    f"tensor {item.hf_name!r} is in the model card but not in shard {shard!r}"
+                )
             tensor = handle.get_tensor(item.hf_name)
             if tuple(tensor.shape) != item.shape:
                 raise IntegrityError(

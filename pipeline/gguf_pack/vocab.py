@@ -143,7 +143,11 @@ def detect_pre_tokenizer(tokenizer: Mapping[str, Any]) -> str:
             regex_fits = regex == candidate.split_regex or (
                 candidate.split_regex is None and regex == _GPT2_REGEX
             )
-            if regex_fits and normalizer in candidate.normalizers and ignore_merges == candidate.ignore_merges:
+            if (
+                regex_fits
+                and normalizer in candidate.normalizers
+                and ignore_merges == candidate.ignore_merges
+            ):
                 return candidate.gguf_name
     described = [s.get("type") for s in steps] or None
     raise InputError(
@@ -156,7 +160,9 @@ def detect_pre_tokenizer(tokenizer: Mapping[str, Any]) -> str:
 
 def _check_model(model: Mapping[str, Any]) -> None:
     if model.get("type") != "BPE":
-        raise InputError(f"tokenizer.json model type is {model.get('type')!r}; only byte-level BPE is packaged")
+        raise InputError(
+            f"tokenizer.json model type is {model.get('type')!r}; only byte-level BPE is packaged"
+        )
     if model.get("byte_fallback"):
         raise InputError(
             "tokenizer.json is a BPE with byte_fallback (SentencePiece style, GGUF tokenizer model 'llama'); "
@@ -174,16 +180,23 @@ def _merges(model: Mapping[str, Any]) -> tuple[str, ...]:
 
 def _token_table(tokenizer: Mapping[str, Any], vocab_size: int | None) -> tuple[list[str], list[int]]:
     model = tokenizer.get("model") or {}
-    by_id: dict[int, tuple[str, int]] = {int(i): (tok, gguf.TokenType.NORMAL) for tok, i in model["vocab"].items()}
+    by_id: dict[int, tuple[str, int]] = {
+        int(i): (tok, gguf.TokenType.NORMAL) for tok, i in model["vocab"].items()
+    }
     for added in tokenizer.get("added_tokens") or []:
         content = str(added["content"])
         is_control = bool(added.get("special")) or (
             content.startswith(_CONTROL_LOOKALIKE[0]) and content.endswith(_CONTROL_LOOKALIKE[1])
         )
-        by_id[int(added["id"])] = (content, gguf.TokenType.CONTROL if is_control else gguf.TokenType.USER_DEFINED)
+        by_id[int(added["id"])] = (
+            content,
+            gguf.TokenType.CONTROL if is_control else gguf.TokenType.USER_DEFINED,
+        )
     n_tokens = max(by_id) + 1
     if vocab_size is not None and vocab_size < n_tokens:
-        raise InputError(f"tokenizer.json has token id {n_tokens - 1} but config.json vocab_size is {vocab_size}")
+        raise InputError(
+            f"tokenizer.json has token id {n_tokens - 1} but config.json vocab_size is {vocab_size}"
+        )
     size = vocab_size if vocab_size is not None else n_tokens
     tokens: list[str] = []
     types: list[int] = []
@@ -202,12 +215,15 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _special_id(name: str, tok_config: Mapping[str, Any], config: Mapping[str, Any],
-                ids: Mapping[str, int]) -> int | None:
+def _special_id(
+    name: str, tok_config: Mapping[str, Any], config: Mapping[str, Any], ids: Mapping[str, int]
+) -> int | None:
     text = _token_text(tok_config.get(f"{name}_token"))
     if text is not None:
         if text not in ids:
-            raise InputError(f"tokenizer_config.json {name}_token {text!r} is not in tokenizer.json's vocabulary")
+            raise InputError(
+                f"tokenizer_config.json {name}_token {text!r} is not in tokenizer.json's vocabulary"
+            )
         return ids[text]
     value = config.get(f"{name}_token_id")
     if isinstance(value, list):  # Llama 3.1 lists several EOS ids; llama.cpp takes one
@@ -236,9 +252,13 @@ def load_vocab(
     """
     try:
         tokenizer = json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))
-        tok_config = json.loads(Path(tokenizer_config).read_text(encoding="utf-8")) if tokenizer_config else {}
+        tok_config = (
+            json.loads(Path(tokenizer_config).read_text(encoding="utf-8")) if tokenizer_config else {}
+        )
     except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(f"cannot read tokenizer files ({tokenizer_json}, {tokenizer_config}): {exc}") from exc
+        raise InputError(
+            f"cannot read tokenizer files ({tokenizer_json}, {tokenizer_config}): {exc}"
+        ) from exc
     config = config or {}
     model = tokenizer.get("model") or {}
     _check_model(model)
@@ -260,9 +280,11 @@ def load_vocab(
         bos_id=bos_id,
         eos_id=eos_id,
         pad_id=pad_id,
-        add_bos=add_bos if isinstance(add_bos, bool) else _template_adds(
-            tokenizer, tokens[bos_id] if bos_id is not None else None, first=True),
-        add_eos=add_eos if isinstance(add_eos, bool) else _template_adds(
-            tokenizer, tokens[eos_id] if eos_id is not None else None, first=False),
+        add_bos=add_bos
+        if isinstance(add_bos, bool)
+        else _template_adds(tokenizer, tokens[bos_id] if bos_id is not None else None, first=True),
+        add_eos=add_eos
+        if isinstance(add_eos, bool)
+        else _template_adds(tokenizer, tokens[eos_id] if eos_id is not None else None, first=False),
         chat_template=template if isinstance(template, str) else None,
     )

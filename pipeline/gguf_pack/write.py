@@ -111,7 +111,9 @@ def _config_number(config: Mapping[str, Any], key: str, default: Any = None) -> 
     return value
 
 
-def llama_metadata(config: Mapping[str, Any], file_type: gguf.LlamaFileType, arch: str = "llama") -> dict[str, Any]:
+def llama_metadata(
+    config: Mapping[str, Any], file_type: gguf.LlamaFileType, arch: str = "llama"
+) -> dict[str, Any]:
     """Llama architecture keys from an HF config.json, as llama.cpp's loader expects them.
 
     Raises InputError for missing hyperparameters or a rope scaling Bonsai does not write.
@@ -209,8 +211,13 @@ def write_gguf(
             writer.add_key_value(key, typed.value, typed.vtype, typed.sub_type)
         for item in tensors:
             # A non-uint8 dtype with raw_dtype makes gguf take `shape` as the logical shape.
-            writer.add_tensor_info(item.name, item.shape, np.dtype(np.float32),
-                                   tensor_nbytes(item.ggml_type, item.shape), raw_dtype=item.ggml_type)
+            writer.add_tensor_info(
+                item.name,
+                item.shape,
+                np.dtype(np.float32),
+                tensor_nbytes(item.ggml_type, item.shape),
+                raw_dtype=item.ggml_type,
+            )
         writer.write_header_to_file(tmp)
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()

@@ -104,7 +104,9 @@ def _part_index(part_name: str, path: Path) -> list[PartTensor]:
         for name, info in declared.items():
             qtype, shape = str(info.get("ggml_type")), tuple(int(d) for d in info.get("shape", []))
             if qtype not in _ALLOWED_TYPES:
-                raise IntegrityError(f"part {part_name}: tensor {name!r} has type {qtype!r}; allowed {_ALLOWED_TYPES}")
+                raise IntegrityError(
+                    f"part {part_name}: tensor {name!r} has type {qtype!r}; allowed {_ALLOWED_TYPES}"
+                )
             view = handle.get_slice(name)
             n_bytes = tensor_nbytes(gguf.GGMLQuantizationType[qtype], shape)
             if view.get_dtype() != "U8" or list(view.get_shape()) != [n_bytes]:
@@ -121,8 +123,10 @@ def _collect_parts(parts: Mapping[str, InputFile]) -> dict[str, PartTensor]:
     for part_name in sorted(parts):
         for item in _part_index(part_name, parts[part_name].path):
             if item.gguf_name in found:
-                raise IntegrityError(f"tensor {item.gguf_name!r} is in two parts ({found[item.gguf_name].part.name}, "
-                                     f"{part_name})")
+                raise IntegrityError(
+                    f"tensor {item.gguf_name!r} is in two parts ({found[item.gguf_name].part.name}, "
+                    f"{part_name})"
+                )
             found[item.gguf_name] = item
     return found
 
@@ -142,8 +146,10 @@ def _match_plan(card: Mapping[str, Any], found: Mapping[str, PartTensor]) -> lis
         )
     for p in plan:
         if found[p.gguf_name].shape != p.shape:
-            raise IntegrityError(f"tensor {p.gguf_name!r} is {list(found[p.gguf_name].shape)} in its part; "
-                                 f"the model card says {list(p.shape)}")
+            raise IntegrityError(
+                f"tensor {p.gguf_name!r} is {list(found[p.gguf_name].shape)} in its part; "
+                f"the model card says {list(p.shape)}"
+            )
     return [found[p.gguf_name] for p in plan]
 
 
@@ -157,8 +163,13 @@ def _loader(item: PartTensor) -> Any:
     return load
 
 
-def _metadata(params: Params, config: Mapping[str, Any], vocab_meta: Mapping[str, Any],
-              types: set[str], card_sha256: str) -> dict[str, Any]:
+def _metadata(
+    params: Params,
+    config: Mapping[str, Any],
+    vocab_meta: Mapping[str, Any],
+    types: set[str],
+    card_sha256: str,
+) -> dict[str, Any]:
     import gguf
 
     from pipeline.gguf_pack.keys import Bonsai, General
@@ -169,8 +180,14 @@ def _metadata(params: Params, config: Mapping[str, Any], vocab_meta: Mapping[str
     meta.update(llama_metadata(config, file_type))
     meta[General.QUANTIZATION_VERSION] = _GGML_QUANT_VERSION
     meta.update(vocab_meta)
-    meta.update({Bonsai.SOURCE: params.source, Bonsai.RECIPE: params.recipe, Bonsai.VERSION: __version__,
-                 Bonsai.SOURCE_CARD_SHA256: card_sha256})
+    meta.update(
+        {
+            Bonsai.SOURCE: params.source,
+            Bonsai.RECIPE: params.recipe,
+            Bonsai.VERSION: __version__,
+            Bonsai.SOURCE_CARD_SHA256: card_sha256,
+        }
+    )
     return meta
 
 
@@ -187,7 +204,9 @@ def _verify_bytes(path: Path, ordered: list[PartTensor]) -> None:
             source = handle.get_tensor(item.gguf_name)
         written = by_name[item.gguf_name].data
         if not np.array_equal(np.asarray(written).reshape(-1).view(np.uint8), source):
-            raise IntegrityError(f"{path.name}: bytes of tensor {item.gguf_name!r} differ from its decompose part")
+            raise IntegrityError(
+                f"{path.name}: bytes of tensor {item.gguf_name!r} differ from its decompose part"
+            )
 
 
 def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> StageResult:
@@ -209,19 +228,27 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
         raise InputError("package needs decompose/ternary/part-XXXXX.safetensors inputs; got none")
     ordered = _match_plan(card, _collect_parts(parts))
     tok_config = download.get("tokenizer_config.json")
-    vocab = load_vocab(_require(download, "tokenizer.json", "download"),
-                       tok_config.path if tok_config else None, config)
+    vocab = load_vocab(
+        _require(download, "tokenizer.json", "download"), tok_config.path if tok_config else None, config
+    )
     types = {t.ggml_type for t in ordered}
     meta = _metadata(params, config, vocab.metadata(), types, card_file.sha256 if card_file else "")
-    to_write = [TensorToWrite(t.gguf_name, gguf.GGMLQuantizationType[t.ggml_type], t.shape, _loader(t))
-                for t in ordered]
+    to_write = [
+        TensorToWrite(t.gguf_name, gguf.GGMLQuantizationType[t.ggml_type], t.shape, _loader(t))
+        for t in ordered
+    ]
     dest = Path(workdir) / OUTPUT_NAME
     written = write_gguf(dest, arch_spec(card).gguf_name, meta, to_write)
     expected = {t.gguf_name: (gguf.GGMLQuantizationType[t.ggml_type], t.shape) for t in ordered}
     summary = inspect_gguf(dest, expected)
     _verify_bytes(dest, ordered)
-    log.info("package: wrote %s (%d bytes, %d tensors, %.3f bpw)", dest.name, written.size_bytes,
-             summary.tensor_count, summary.bits_per_weight)
+    log.info(
+        "package: wrote %s (%d bytes, %d tensors, %.3f bpw)",
+        dest.name,
+        written.size_bytes,
+        summary.tensor_count,
+        summary.bits_per_weight,
+    )
     metrics = {
         "size_bytes": summary.size_bytes,
         "tensor_count": summary.tensor_count,
@@ -231,5 +258,6 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
         "file_type": gguf.LlamaFileType(meta[General.FILE_TYPE]).name,
         "tokenizer_pre": vocab.pre,
     }
-    return StageResult(outputs=(OutputFile(OUTPUT_NAME, dest, "gguf", "application/octet-stream"),),
-                       metrics=metrics)
+    return StageResult(
+        outputs=(OutputFile(OUTPUT_NAME, dest, "gguf", "application/octet-stream"),), metrics=metrics
+    )

@@ -33,7 +33,11 @@ def test_plan_names_every_tensor(demo_card: dict[str, Any]) -> None:
     assert by_name["token_embd.weight"].hf_name == "model.embed_tokens.weight"
     assert by_name["output.weight"].hf_name == "lm_head.weight"
     assert by_name["blk.1.attn_k.weight"] == PlannedTensor(
-        "blk.1.attn_k.weight", "model.layers.1.self_attn.k_proj.weight", (128, 256), "BF16", "model.safetensors"
+        "blk.1.attn_k.weight",
+        "model.layers.1.self_attn.k_proj.weight",
+        (128, 256),
+        "BF16",
+        "model.safetensors",
     )
     assert by_name["blk.0.ffn_down.weight"].shape == (256, 512)
     assert {"output_norm.weight", "blk.0.attn_norm.weight", "blk.1.ffn_norm.weight"} <= set(by_name)
@@ -41,16 +45,23 @@ def test_plan_names_every_tensor(demo_card: dict[str, Any]) -> None:
 
 def test_unmapped_tensor_is_named(demo_card: dict[str, Any]) -> None:
     card = copy.deepcopy(demo_card)
-    card["tensors"].append({"name": "model.layers.0.mystery.weight", "shape": [4], "dtype": "BF16",
-                            "shard": "model.safetensors"})
+    card["tensors"].append(
+        {"name": "model.layers.0.mystery.weight", "shape": [4], "dtype": "BF16", "shard": "model.safetensors"}
+    )
     with pytest.raises(InputError, match=r"model\.layers\.0\.mystery\.weight"):
         tensor_plan(card)
 
 
 def test_inv_freq_is_skipped(demo_card: dict[str, Any]) -> None:
     card = copy.deepcopy(demo_card)
-    card["tensors"].append({"name": "model.layers.0.self_attn.rotary_emb.inv_freq", "shape": [32],
-                            "dtype": "F32", "shard": "model.safetensors"})
+    card["tensors"].append(
+        {
+            "name": "model.layers.0.self_attn.rotary_emb.inv_freq",
+            "shape": [32],
+            "dtype": "F32",
+            "shard": "model.safetensors",
+        }
+    )
     assert len(tensor_plan(card)) == len(demo_card["tensors"])
 
 

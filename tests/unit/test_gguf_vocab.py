@@ -17,12 +17,19 @@ from pipeline.gguf_pack.write import llama_metadata, write_gguf
 
 _LLAMA3_SPLIT = {
     "type": "Split",
-    "pattern": {"Regex": "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+"
-                         "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+    "pattern": {
+        "Regex": "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
+        "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+    },
     "behavior": "Isolated",
     "invert": False,
 }
-_BYTE_LEVEL_NO_REGEX = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+_BYTE_LEVEL_NO_REGEX = {
+    "type": "ByteLevel",
+    "add_prefix_space": False,
+    "trim_offsets": True,
+    "use_regex": False,
+}
 
 TEXTS = (
     "Hello world, it's a test.",
@@ -62,7 +69,10 @@ def test_qwen2_layout_is_qwen2(demo_tokenizer: dict[str, Any]) -> None:
 @pytest.mark.parametrize("change", ["regex", "prefix_space", "ignore_merges", "normalizer"])
 def test_unknown_pre_tokenizer_is_refused(demo_tokenizer: dict[str, Any], change: str) -> None:
     tok = copy.deepcopy(demo_tokenizer)
-    tok["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [copy.deepcopy(_LLAMA3_SPLIT), _BYTE_LEVEL_NO_REGEX]}
+    tok["pre_tokenizer"] = {
+        "type": "Sequence",
+        "pretokenizers": [copy.deepcopy(_LLAMA3_SPLIT), _BYTE_LEVEL_NO_REGEX],
+    }
     tok["model"]["ignore_merges"] = True
     if change == "regex":
         tok["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\p{N}{1,2}|\\s+"
@@ -77,8 +87,9 @@ def test_unknown_pre_tokenizer_is_refused(demo_tokenizer: dict[str, Any], change
         detect_pre_tokenizer(tok)
 
 
-def test_byte_fallback_bpe_is_refused(demo_checkpoint: Path, tmp_path: Path,
-                                      demo_tokenizer: dict[str, Any]) -> None:
+def test_byte_fallback_bpe_is_refused(
+    demo_checkpoint: Path, tmp_path: Path, demo_tokenizer: dict[str, Any]
+) -> None:
     tok = copy.deepcopy(demo_tokenizer)
     tok["model"]["byte_fallback"] = True
     path = tmp_path / "tokenizer.json"

@@ -11,7 +11,14 @@ import pytest
 
 from pipeline.errors import InputError, IntegrityError
 from pipeline.gguf_pack.inspect import inspect_gguf, read_metadata
-from pipeline.gguf_pack.write import TensorToWrite, Typed, file_type_for, llama_metadata, tensor_nbytes, write_gguf
+from pipeline.gguf_pack.write import (
+    TensorToWrite,
+    Typed,
+    file_type_for,
+    llama_metadata,
+    tensor_nbytes,
+    write_gguf,
+)
 
 Q = gguf.GGMLQuantizationType
 
@@ -30,18 +37,28 @@ def _tensors(calls: list[str] | None = None) -> list[TensorToWrite]:
             if calls is not None:
                 calls.append(name)
             return data
+
         return load
 
     return [
-        TensorToWrite("blk.0.attn_q.weight", Q.TQ2_0, (4, 512), loader("q", gguf.quants.quantize(weight, Q.TQ2_0))),
+        TensorToWrite(
+            "blk.0.attn_q.weight", Q.TQ2_0, (4, 512), loader("q", gguf.quants.quantize(weight, Q.TQ2_0))
+        ),
         TensorToWrite("output_norm.weight", Q.F32, (256,), loader("norm", norm)),
         TensorToWrite("token_embd.weight", Q.F16, (2, 256), loader("embd", np.ones((2, 256), np.float16))),
     ]
 
 
 def _meta() -> dict[str, Any]:
-    return {"general.name": "t", "x.count": 3, "x.ratio": 0.5, "x.flag": True, "x.list": ["a", "b"],
-            "x.ids": [1, 2, 3], "x.big": Typed(2**40, gguf.GGUFValueType.UINT64)}
+    return {
+        "general.name": "t",
+        "x.count": 3,
+        "x.ratio": 0.5,
+        "x.flag": True,
+        "x.list": ["a", "b"],
+        "x.ids": [1, 2, 3],
+        "x.big": Typed(2**40, gguf.GGUFValueType.UINT64),
+    }
 
 
 def test_round_trip_types_shapes_and_values(tmp_path: Path) -> None:
@@ -49,16 +66,27 @@ def test_round_trip_types_shapes_and_values(tmp_path: Path) -> None:
     written = write_gguf(tmp_path / "m.gguf", "llama", _meta(), _tensors(calls))
     assert calls == ["q", "norm", "embd"]
     assert written.types == {"F16": 1, "F32": 1, "TQ2_0": 1} and written.tensor_count == 3
-    summary = inspect_gguf(written.path, {"blk.0.attn_q.weight": (Q.TQ2_0, (4, 512)),
-                                          "output_norm.weight": (Q.F32, (256,)),
-                                          "token_embd.weight": (Q.F16, (2, 256))})
+    summary = inspect_gguf(
+        written.path,
+        {
+            "blk.0.attn_q.weight": (Q.TQ2_0, (4, 512)),
+            "output_norm.weight": (Q.F32, (256,)),
+            "token_embd.weight": (Q.F16, (2, 256)),
+        },
+    )
     assert summary.architecture == "llama" and summary.size_bytes == written.size_bytes
     assert summary.n_params == 4 * 512 + 256 + 512
     assert summary.tensor_bytes == 8 * 66 + 256 * 4 + 512 * 2
     assert summary.bits_per_weight == pytest.approx(8 * summary.tensor_bytes / summary.n_params)
     values = read_metadata(written.path, ("x.count", "x.ratio", "x.flag", "x.list", "x.ids", "x.big", "nope"))
-    assert values == {"x.count": 3, "x.ratio": 0.5, "x.flag": True, "x.list": ["a", "b"], "x.ids": [1, 2, 3],
-                      "x.big": 2**40}
+    assert values == {
+        "x.count": 3,
+        "x.ratio": 0.5,
+        "x.flag": True,
+        "x.list": ["a", "b"],
+        "x.ids": [1, 2, 3],
+        "x.big": 2**40,
+    }
     reader = gguf.GGUFReader(written.path)
     q = next(t for t in reader.tensors if t.name == "blk.0.attn_q.weight")
     restored = gguf.quants.dequantize(np.asarray(q.data), Q.TQ2_0).reshape(4, 512)
@@ -104,14 +132,22 @@ def test_llama_metadata_from_config(demo_checkpoint: Path) -> None:
     assert meta["llama.attention.head_count"] == 4 and meta["llama.attention.head_count_kv"] == 2
     assert meta["llama.rope.freq_base"] == 10000.0 and meta["general.file_type"] == 37
     with pytest.raises(InputError, match="rope_scaling"):
-        llama_metadata({**config, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, gguf.LlamaFileType.ALL_F32)
+        llama_metadata(
+            {**config, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, gguf.LlamaFileType.ALL_F32
+        )
 
 
 def test_inspect_catches_wrong_intent(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "m.gguf", "llama", {}, _tensors()).path
     with pytest.raises(IntegrityError, match="intended TQ1_0"):
-        inspect_gguf(path, {"blk.0.attn_q.weight": (Q.TQ1_0, (4, 512)), "output_norm.weight": (Q.F32, (256,)),
-                            "token_embd.weight": (Q.F16, (2, 256))})
+        inspect_gguf(
+            path,
+            {
+                "blk.0.attn_q.weight": (Q.TQ1_0, (4, 512)),
+                "output_norm.weight": (Q.F32, (256,)),
+                "token_embd.weight": (Q.F16, (2, 256)),
+            },
+        )
     with pytest.raises(IntegrityError, match="missing"):
         inspect_gguf(path, {"output_norm.weight": (Q.F32, (256,))} | {"x": (Q.F32, (1,))})
 

@@ -9,71 +9,18 @@ from typing import Any
 import gguf
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
+from conftest import card_for_checkpoint, package_inputs
 
 from pipeline.errors import IntegrityError
 from pipeline.gguf_pack.inspect import inspect_gguf
-from pipeline.gguf_pack.keys import PART_METADATA_TENSORS
-from pipeline.gguf_pack.source import iter_tensors
 from pipeline.stages import package
-from pipeline.stages.base import InputFile, JobSpec, sha256_file
-
-_TERNARY = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-
-
-def _encode(name: str, weight: np.ndarray, ternary: str) -> tuple[str, np.ndarray]:
-    if ternary == "F32":
-        return "F32", weight.astype(np.float32).reshape(-1).view(np.uint8)
-    if any(f".{kind}." in name for kind in _TERNARY):
-        qtype = gguf.GGMLQuantizationType[ternary]
-        return ternary, gguf.quants.quantize(weight, qtype).reshape(-1)
-    if weight.ndim == 1:
-        return "F32", weight.astype(np.float32).reshape(-1).view(np.uint8)
-    return "F16", weight.astype(np.float16).reshape(-1).view(np.uint8)
-
-
-def make_parts(checkpoint: Path, card: dict[str, Any], dest: Path, ternary: str = "TQ2_0",
-               n_parts: int = 2) -> list[Path]:
-    """Stand-in for decompose: every tensor of the card, block linears as `ternary`, split in parts."""
-    dest.mkdir(parents=True, exist_ok=True)
-    files = {shard: checkpoint / shard for shard in card["shards"]}
-    encoded = [(name, *_encode(name, t.numpy(), ternary))
-               for shard in card["shards"] for name, t in iter_tensors(card, files, shard)]
-    paths = []
-    for i in range(n_parts):
-        chunk = encoded[i::n_parts]
-        meta = {name: {"ggml_type": qtype, "shape": [int(d) for d in _shape(card, name)]}
-                for name, qtype, _ in chunk}
-        path = dest / f"part-{i + 1:05d}.safetensors"
-        save_file({name: data for name, _, data in chunk}, str(path),
-                  metadata={PART_METADATA_TENSORS: json.dumps(meta, sort_keys=True)})
-        paths.append(path)
-    return paths
-
-
-def _shape(card: dict[str, Any], gguf_name: str) -> tuple[int, ...]:
-    from pipeline.gguf_pack.source import tensor_plan
-
-    return next(p.shape for p in tensor_plan(card) if p.gguf_name == gguf_name)
-
-
-def _input(key: str, path: Path) -> tuple[str, InputFile]:
-    return key, InputFile(key.split("/", 1)[1], path, sha256_file(path), path.stat().st_size)
-
-
-def package_inputs(checkpoint: Path, card: dict[str, Any], tmp: Path, ternary: str = "TQ2_0") -> dict[str, InputFile]:
-    """Everything the package stage reads, for the demo checkpoint."""
-    card_path = tmp / "model_card.json"
-    card_path.write_text(json.dumps(card), encoding="utf-8")
-    items = [_input(f"download/{n}", checkpoint / n) for n in ("config.json", "tokenizer.json",
-                                                             "tokenizer_config.json")]
-    items.append(_input("inspect/model_card.json", card_path))
-    items += [_input(f"decompose/ternary/{p.name}", p) for p in make_parts(checkpoint, card, tmp / "parts", ternary)]
-    return dict(items)
+from pipeline.stages.base import JobSpec
 
 
 @pytest.fixture(scope="module")
-def packaged(demo_checkpoint: Path, demo_card: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Any:
+def packaged(
+    demo_checkpoint: Path, demo_card: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> Any:
     tmp = tmp_path_factory.mktemp("package")
     inputs = package_inputs(demo_checkpoint, demo_card, tmp)
     workdir = tmp / "work"
@@ -103,22 +50,42 @@ def test_package_writes_verified_gguf(packaged: Any, demo_card: dict[str, Any]) 
 
 def test_packaged_metadata_reads_back(packaged: Any) -> None:
     reader = gguf.GGUFReader(packaged.outputs[0].path)
-    values = {k: reader.get_field(k).contents() for k in (
-        "general.architecture", "general.name", "llama.block_count", "llama.embedding_length",
-        "llama.attention.head_count_kv", "llama.rope.dimension_count", "tokenizer.ggml.model",
-        "tokenizer.ggml.pre", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.add_bos_token", "bonsai.source")}
+    values = {
+        k: reader.get_field(k).contents()
+        for k in (
+            "general.architecture",
+            "general.name",
+            "llama.block_count",
+            "llama.embedding_length",
+            "llama.attention.head_count_kv",
+            "llama.rope.dimension_count",
+            "tokenizer.ggml.model",
+            "tokenizer.ggml.pre",
+            "tokenizer.ggml.bos_token_id",
+            "tokenizer.ggml.add_bos_token",
+            "bonsai.source",
+        )
+    }
     assert values == {
-        "general.architecture": "llama", "general.name": "demo-llama", "llama.block_count": 2,
-        "llama.embedding_length": 256, "llama.attention.head_count_kv": 2, "llama.rope.dimension_count": 64,
-        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.bos_token_id": 0,
-        "tokenizer.ggml.add_bos_token": True, "bonsai.source": "local/demo-llama",
+        "general.architecture": "llama",
+        "general.name": "demo-llama",
+        "llama.block_count": 2,
+        "llama.embedding_length": 256,
+        "llama.attention.head_count_kv": 2,
+        "llama.rope.dimension_count": 64,
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt-2",
+        "tokenizer.ggml.bos_token_id": 0,
+        "tokenizer.ggml.add_bos_token": True,
+        "bonsai.source": "local/demo-llama",
     }
     summary = inspect_gguf(packaged.outputs[0].path)
     assert summary.shapes["blk.0.ffn_down.weight"] == (256, 512)
 
 
-def test_missing_tensor_in_parts_is_refused(demo_checkpoint: Path, demo_card: dict[str, Any],
-                                            tmp_path: Path) -> None:
+def test_missing_tensor_in_parts_is_refused(
+    demo_checkpoint: Path, demo_card: dict[str, Any], tmp_path: Path
+) -> None:
     inputs = package_inputs(demo_checkpoint, demo_card, tmp_path)
     del inputs["decompose/ternary/part-00002.safetensors"]
     workdir = tmp_path / "work"
@@ -131,8 +98,9 @@ def test_missing_tensor_in_parts_is_refused(demo_checkpoint: Path, demo_card: di
 @pytest.mark.llama
 def test_packaged_demo_loads_in_llama_cpp(packaged: Any) -> None:
     llama_cpp = pytest.importorskip("llama_cpp")
-    model = llama_cpp.Llama(model_path=str(packaged.outputs[0].path), n_ctx=64, n_threads=1, verbose=False,
-                            seed=0)
+    model = llama_cpp.Llama(
+        model_path=str(packaged.outputs[0].path), n_ctx=64, n_threads=1, verbose=False, seed=0
+    )
     assert model.n_vocab() == 512
     out = model.create_completion("1+1=", max_tokens=4, temperature=0.0)
     assert isinstance(out["choices"][0]["text"], str)
@@ -155,7 +123,7 @@ def _reference_logits(checkpoint: Path, ids: list[int]) -> np.ndarray:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
     def rope(x: torch.Tensor) -> torch.Tensor:
-        rotated = torch.cat([-x[..., hd // 2:], x[..., : hd // 2]], dim=-1)
+        rotated = torch.cat([-x[..., hd // 2 :], x[..., : hd // 2]], dim=-1)
         return x * angles.cos() + rotated * angles.sin()
 
     x = w["model.embed_tokens.weight"][ids]
@@ -168,9 +136,14 @@ def _reference_logits(checkpoint: Path, ids: list[int]) -> np.ndarray:
         v = (h @ w[p + "self_attn.v_proj.weight"].T).view(len(ids), n_kv, hd)
         k, v = (t.repeat_interleave(n_head // n_kv, dim=1) for t in (k, v))
         att = torch.softmax(torch.einsum("qhd,khd->hqk", q, k) / hd**0.5 + mask, dim=-1)
-        x = x + torch.einsum("hqk,khd->qhd", att, v).reshape(len(ids), -1) @ w[p + "self_attn.o_proj.weight"].T
+        x = (
+            x
+            + torch.einsum("hqk,khd->qhd", att, v).reshape(len(ids), -1) @ w[p + "self_attn.o_proj.weight"].T
+        )
         h = norm(x, w[p + "post_attention_layernorm.weight"])
-        act = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)
+        act = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (
+            h @ w[p + "mlp.up_proj.weight"].T
+        )
         x = x + act @ w[p + "mlp.down_proj.weight"].T
     return (norm(x, w["model.norm.weight"]) @ w["lm_head.weight"].T).numpy()
 
@@ -197,14 +170,13 @@ def _sharpened_checkpoint(source: Path, dest: Path) -> Path:
 def test_llama_cpp_logits_match_reference_forward(demo_checkpoint: Path, tmp_path: Path) -> None:
     """End to end: names, rope permutation, norms and metadata all right, or the logits drift."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    from conftest import card_for_checkpoint
-
     checkpoint = _sharpened_checkpoint(demo_checkpoint, tmp_path / "sharp")
     inputs = package_inputs(checkpoint, card_for_checkpoint(checkpoint), tmp_path, ternary="F32")
     (tmp_path / "work").mkdir()
     result = package.run(package.make_params(JobSpec(source="sharp")), inputs, tmp_path / "work")
-    model = llama_cpp.Llama(model_path=str(result.outputs[0].path), n_ctx=64, n_threads=1, logits_all=True,
-                            verbose=False, seed=0)
+    model = llama_cpp.Llama(
+        model_path=str(result.outputs[0].path), n_ctx=64, n_threads=1, logits_all=True, verbose=False, seed=0
+    )
     ids = model.tokenize(b"1+1=2, 2+2=4 and the quick brown fox", add_bos=True)
     model.eval(ids)
     got = np.asarray(model.scores[: len(ids)])
