@@ -36,6 +36,7 @@ __all__ = [
     "HUB_FILES_NAME",
     "Params",
     "SourceSpec",
+    "cache_identity",
     "make_params",
     "parse_source",
     "run",
@@ -121,6 +122,21 @@ def _parse_hub_id(text: str, spec: str) -> SourceSpec:
             f"source {spec!r} is not an existing path nor a hub repo id; expected {ACCEPTED_FORMS}"
         )
     return SourceSpec(kind="hub", repo_id=repo_id, revision=match.group("rev"))
+
+
+def cache_identity(params: Params, *, hub: HubClient | None = None) -> str | None:
+    """What decides the download's result beyond `params`: the commit a hub revision points to now.
+
+    A moved branch thus gives a new cache key. None (never reuse) for local folders and files:
+    their bytes may change under the same path, and redoing a local download is cheap (hard
+    links); checksum still reuses its work when the digests are unchanged.
+    """
+    source = parse_source(params.source)
+    if source.kind != "hub":
+        return None
+    assert source.repo_id is not None
+    client: HubClient = hub or HfHubClient()
+    return f"hub:{source.repo_id}@{client.resolve_revision(source.repo_id, source.revision)}"
 
 
 def run(

@@ -214,3 +214,11 @@ def test_hub_snapshot_symlinks_may_point_into_blobs_only(tmp_path: Path) -> None
     (snap / "evil.json").symlink_to(outside)
     with pytest.raises(InputError, match="evil.json"):
         _run("acme/llama", tmp_path / "work2", hub=FakeHub(snap))
+
+
+def test_cache_identity_pins_hub_commit_and_never_reuses_local(tmp_path: Path) -> None:
+    src = _folder(tmp_path)
+    hub = FakeHub(src)
+    assert download.cache_identity(download.Params("acme/llama@main"), hub=hub) == f"hub:acme/llama@{SHA}"
+    assert download.cache_identity(download.Params(str(src)), hub=hub) is None
+    assert hub.calls == [("resolve", "acme/llama", "main")]

@@ -392,3 +392,23 @@ def test_gguf_bad_magic(tmp_path: Path) -> None:
     (folder / "x.gguf").write_bytes(b"NOPE" + b"\0" * 40)
     with pytest.raises(InputError, match="not a GGUF file"):
         _inspect(folder, tmp_path)
+
+
+def test_download_checksum_inspect_chain_on_demo(demo_checkpoint: Path, tmp_path: Path) -> None:
+    from pipeline.stages import download
+
+    def as_inputs(stage: str, result: StageResult) -> dict[str, InputFile]:
+        return {
+            f"{stage}/{o.name}": InputFile(o.name, o.path, hashlib.sha256(o.path.read_bytes()).hexdigest(),
+                                           o.path.stat().st_size)
+            for o in result.outputs
+        }
+
+    dirs = {name: tmp_path / name for name in ("download", "checksum", "inspect")}
+    for folder in dirs.values():
+        folder.mkdir()
+    fetched = as_inputs("download", download.run(download.Params(str(demo_checkpoint)), {}, dirs["download"]))
+    checked = checksum.run(checksum.Params(), fetched, dirs["checksum"])
+    assert checked.metrics["verified_against"] == ["SHA256SUMS"]
+    result = inspect.run(inspect.Params(), {**fetched, **as_inputs("checksum", checked)}, dirs["inspect"])
+    assert result.metrics["architecture"] == "llama" and result.metrics["n_tensors"] > 0
