@@ -42,7 +42,8 @@ def _echo_json(data: Any) -> None:
 
 
 @click.group()
-@click.option("--home", type=click.Path(path_type=Path), envvar="BONSAI_HOME", help="Data folder (embedded mode).")
+@click.option("--home", type=click.Path(path_type=Path), envvar="BONSAI_HOME",
+              help="Data folder (embedded mode).")
 @click.option("--db-url", envvar="BONSAI_DATABASE_URL", help="SQLAlchemy database URL.")
 @click.option("--broker-url", envvar="BONSAI_BROKER_URL", help="Celery broker URL (distributed mode).")
 @click.option("--artifact-root", type=click.Path(path_type=Path), envvar="BONSAI_ARTIFACT_ROOT")
@@ -164,7 +165,8 @@ def _export_settings(settings: Settings) -> None:
 
 @cli.command()
 @click.argument("sources", nargs=-1)
-@click.option("--manifest", type=click.Path(path_type=Path, dir_okay=False), help="YAML or JSON list of jobs.")
+@click.option("--manifest", type=click.Path(path_type=Path, dir_okay=False),
+              help="YAML or JSON list of jobs.")
 @click.option("--recipe", default="tq2_0", show_default=True)
 @click.option("--priority", default=0, show_default=True, help="Higher runs sooner.")
 @click.option("--option", "options", multiple=True, help="Recipe knob KEY=VALUE (repeatable).")
@@ -198,8 +200,8 @@ def submit(obj: CliContext, sources: tuple[str, ...], manifest: Path | None, rec
 @_guard
 def retry(obj: CliContext, job_id: int, from_stage: str | None, force: bool) -> None:
     """New attempts for STAGE and everything after it; earlier attempts are kept."""
-    from pipeline.job_control import retry_job
     from pipeline.db.session import session_scope
+    from pipeline.job_control import retry_job
     from pipeline.states import StageName
 
     rt = obj.runtime()

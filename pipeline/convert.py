@@ -80,4 +80,5 @@ def _print_summary(console: Console, detail: dict[str, Any], out: Path | None) -
     sparsity = decompose["metrics"].get("sparsity")
     if sparsity is not None:
         console.print(f"  sparsity  {sparsity:.1%} of ternary weights are zero")
-    console.print(f"  1+1=      {validation.get('text')!r}  (verdict: {validation.get('verdict')})", highlight=False)
+    text, verdict = validation.get("text"), validation.get("verdict")
+    console.print(f"  1+1=      {text!r}  (verdict: {verdict})", highlight=False)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from pipeline.states import STAGE_ORDER, StageName, StageState, downstream_of
 
@@ -16,7 +16,7 @@ __all__ = ["Action", "Decision", "next_step", "progress", "retry_stages"]
 _DONE = frozenset({StageState.SUCCEEDED, StageState.SKIPPED_CACHED})
 
 
-class Action(str, Enum):
+class Action(StrEnum):
     RUN = "run"  # the stage has no attempt yet, or a pending one: start it
     WAIT = "wait"  # an attempt is queued or running
     STOPPED = "stopped"  # the newest attempt failed or was cancelled: the job stops here
@@ -48,7 +48,9 @@ def progress(latest: Mapping[StageName, StageState]) -> float:
     return done / len(STAGE_ORDER)
 
 
-def retry_stages(latest: Mapping[StageName, StageState], from_stage: StageName | None) -> tuple[StageName, ...]:
+def retry_stages(
+    latest: Mapping[StageName, StageState], from_stage: StageName | None
+) -> tuple[StageName, ...]:
     """Stages that get a new attempt on retry: `from_stage` (default: the first not done) and after."""
     if from_stage is None:
         decision = next_step(latest)

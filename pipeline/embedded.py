@@ -21,6 +21,7 @@ __all__ = ["run_job", "StageEvent"]
 
 log = logging.getLogger(__name__)
 
+_DEFER_S = 1.0
 _FINAL = {StepKind.DONE: JobState.SUCCEEDED, StepKind.FAILED: JobState.FAILED,
           StepKind.CANCELLED: JobState.CANCELLED}
 
@@ -53,6 +54,9 @@ def run_job(rt: Runtime, job_id: int, on_event: Callable[[StageEvent], None] | N
             time.sleep(step.delay_s)
         notify(StageEvent(job_id, step.stage, StageState.RUNNING))
         state = execute_run(rt, step.run_id)
+        if state in (StageState.PENDING, StageState.QUEUED):
+            time.sleep(_DEFER_S)  # an equal run is in flight in another process: wait for its result
+            continue
         with session_scope(rt.sessions) as session:
             run = session.get_one(StageRun, step.run_id)
             notify(StageEvent(job_id, step.stage, state, run.duration_s, run.error_message))

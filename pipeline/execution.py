@@ -18,6 +18,7 @@ import threading
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -61,11 +62,19 @@ def cache_key(stage: StageName, version: str, params: Any, inputs: Mapping[str, 
     payload = {
         "stage": stage.value,
         "version": version,
-        "params": dataclasses.asdict(params) if dataclasses.is_dataclass(params) else params,
+        "params": _plain(params),
         "inputs": {name: item.sha256 for name, item in sorted(inputs.items())},
     }
     blob = json.dumps(payload, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
 
 
 def gather_inputs(session: Session, store: ArtifactStore, job: Job, stage: StageName) -> dict[str, InputFile]:
@@ -92,36 +101,32 @@ def gather_inputs(session: Session, store: ArtifactStore, job: Job, stage: Stage
     return inputs
 
 
+@dataclass(frozen=True)
+class _Claimed:
+    """A run this process now owns, with everything needed to carry it out."""
+
+    module: Any
+    params: Any
+    inputs: Mapping[str, InputFile]
+    spec: Mapping[str, Any]
+    stage: StageName
+    job_id: int
+    attempt: int
+
+
 def execute_run(rt: Runtime, run_id: int, use_cache: bool = True) -> StageState:
     """Claim stage run `run_id`, carry it out to a final state and return that state.
 
-    A run that another process already claimed, or that is final, is left alone (a
-    duplicate delivery) and its current state returned. Stage errors are recorded on
-    the row, not raised.
+    Returns without doing anything when another process holds the run or it is final
+    (a duplicate delivery: its current state is returned), or when an equal run is in
+    flight elsewhere (the run stays pending/queued: send it again a little later).
+    Stage errors are recorded on the row, not raised.
     """
-    with session_scope(rt.sessions) as session:
-        if not repo.claim_run(session, run_id, rt.worker_host):
-            run = session.get(StageRun, run_id)
-            if run is None:
-                raise InputError(f"stage run {run_id} does not exist")
-            return StageState(run.status)
-    with session_scope(rt.sessions) as session:
-        run = session.get_one(StageRun, run_id)
-        stage, job = StageName(run.stage), run.job
-        try:
-            module = load_stage(stage)
-            params = module.make_params(JobSpec(job.source, job.recipe, job.params))
-            inputs = gather_inputs(session, rt.store, job, stage)
-            key = cache_key(stage, module.VERSION, params, inputs) if _is_cacheable(module, params) else None
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded outcome
-            _record_failure(session, run, exc)
-            return StageState.FAILED
-        if use_cache and not run.is_forced and key is not None and _reuse_cached(session, rt.store, run, key):
-            log.info("job %s stage %s: reused outputs of an equal earlier run", job.id, stage.value)
-            return StageState.SKIPPED_CACHED
-        run.cache_key = key
-        spec = {"source": job.source, "recipe": job.recipe, "options": job.params}
-        attempt, job_id = run.attempt, job.id
+    claimed = _claim(rt, run_id, use_cache)
+    if isinstance(claimed, StageState):
+        return claimed
+    module, params, inputs, stage = claimed.module, claimed.params, claimed.inputs, claimed.stage
+    job_id, attempt, spec = claimed.job_id, claimed.attempt, claimed.spec
     log.info("job %s stage %s: attempt %s started on %s", job_id, stage.value, attempt, rt.worker_host)
 
     workdir = rt.work_root / f"job{job_id}-{stage.value}-attempt{attempt}-run{run_id}"
@@ -150,6 +155,55 @@ def execute_run(rt: Runtime, run_id: int, use_cache: bool = True) -> StageState:
         return StageState.FAILED
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _claim(rt: Runtime, run_id: int, use_cache: bool) -> _Claimed | StageState:
+    with session_scope(rt.sessions) as session:
+        run = session.get(StageRun, run_id)
+        if run is None:
+            raise InputError(f"stage run {run_id} does not exist")
+        if run.status not in (StageState.PENDING.value, StageState.QUEUED.value):
+            return StageState(run.status)
+        stage, job = StageName(run.stage), run.job
+        try:
+            module = load_stage(stage)
+            params = module.make_params(JobSpec(job.source, job.recipe, job.params))
+            inputs = gather_inputs(session, rt.store, job, stage)
+            key = _cache_key_for(module, stage, params, inputs, rt.clients)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded outcome
+            if repo.claim_run(session, run_id, rt.worker_host):
+                session.refresh(run)
+                _record_failure(session, run, exc)
+                return StageState.FAILED
+            session.refresh(run)
+            return StageState(run.status)
+        if key is not None:
+            repo.lock_cache_key(session, key)
+        if not repo.claim_run(session, run_id, rt.worker_host):
+            session.refresh(run)
+            return StageState(run.status)
+        session.refresh(run)
+        if key is not None and use_cache and not run.is_forced:
+            if _reuse_cached(session, rt.store, run, key):
+                log.info("job %s stage %s: reused outputs of an equal earlier run", job.id, stage.value)
+                return StageState.SKIPPED_CACHED
+            fresh_after = utcnow() - timedelta(seconds=rt.heartbeat_s * 3)
+            if repo.running_with_key(session, key, run_id, fresh_after):
+                # Same work is under way elsewhere (two jobs, one checkpoint): wait for its result.
+                session.rollback()
+                return StageState(session.get_one(StageRun, run_id).status)
+        run.cache_key = key
+        spec = {"source": job.source, "recipe": job.recipe, "options": job.params}
+        return _Claimed(module, params, inputs, spec, stage, job.id, run.attempt)
+
+
+def _cache_key_for(module: Any, stage: StageName, params: Any, inputs: Mapping[str, InputFile],
+                   clients: Mapping[str, Any]) -> str | None:
+    identity_of = getattr(module, "cache_identity", None)
+    identity = identity_of(params, **_clients_for(identity_of, clients)) if identity_of else ""
+    if identity is None:
+        return None  # the stage says its result cannot be reused (say, a folder that may change)
+    return cache_key(stage, module.VERSION, {"params": params, "identity": identity}, inputs)
 
 
 def _lock_run(session: Session, run_id: int) -> StageRun:
@@ -182,11 +236,6 @@ class _Heartbeat:
                     repo.touch_heartbeat(session, self._run_id)
             except Exception:  # noqa: BLE001 - a missed beat (database restarting) is not fatal
                 log.warning("run %s: heartbeat not recorded", self._run_id, exc_info=True)
-
-
-def _is_cacheable(module: Any, params: Any) -> bool:
-    check = getattr(module, "is_cacheable", None)
-    return bool(check(params)) if check is not None else True
 
 
 def _clients_for(func: Any, clients: Mapping[str, Any]) -> dict[str, Any]:

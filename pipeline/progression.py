@@ -9,7 +9,7 @@ restarted broker loses nothing: the reconciler calls the same function again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -26,7 +26,7 @@ __all__ = ["StepKind", "Step", "advance_job", "retry_delay_s", "WORKER_LOST"]
 WORKER_LOST = "worker lost"
 
 
-class StepKind(str, Enum):
+class StepKind(StrEnum):
     RUN = "run"  # an attempt is ready: run it (embedded) or send it (distributed)
     WAIT = "wait"  # an attempt is already queued or running
     DONE = "done"

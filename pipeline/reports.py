@@ -80,4 +80,5 @@ def print_job(rt: Runtime, job_id: int, as_json: bool) -> None:
         table.add_row(run["stage"], str(run["attempt"]), run["status"], took, run["device"] or "-", outputs)
     console.print(table)
     if detail["validation"]:
-        console.print(f"validation: {detail['validation'].get('verdict')}  text={detail['validation'].get('text')!r}")
+        validation = detail["validation"]
+        console.print(f"validation: {validation.get('verdict')}  text={validation.get('text')!r}")

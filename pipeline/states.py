@@ -7,7 +7,7 @@ leaving a row in a state nothing expects.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from pipeline.errors import IllegalTransition
 
@@ -21,7 +21,7 @@ __all__ = [
 ]
 
 
-class StageName(str, Enum):
+class StageName(StrEnum):
     DOWNLOAD = "download"
     CHECKSUM = "checksum"
     INSPECT = "inspect"
@@ -33,7 +33,7 @@ class StageName(str, Enum):
 STAGE_ORDER: tuple[StageName, ...] = tuple(StageName)
 
 
-class StageState(str, Enum):
+class StageState(StrEnum):
     PENDING = "pending"
     QUEUED = "queued"
     RUNNING = "running"
@@ -52,7 +52,7 @@ _FINAL_STAGE_STATES = frozenset(
 )
 
 
-class JobState(str, Enum):
+class JobState(StrEnum):
     PENDING = "pending"
     RUNNING = "running"
     SUCCEEDED = "succeeded"

@@ -12,14 +12,15 @@ import uuid
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from pipeline.db.models import Job
+from pipeline.db import repo
+from pipeline.db.models import Job, StageRun
 from pipeline.db.session import session_scope
 from pipeline.progression import Step, StepKind, advance_job
 from pipeline.settings import Settings
-from pipeline.states import StageName
+from pipeline.states import StageName, StageState
 from workers.celery_app import QUEUE_OF, app, task_name
 
-__all__ = ["advance", "send", "celery_priority"]
+__all__ = ["advance", "send", "resend", "celery_priority"]
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,9 @@ def celery_priority(job_priority: int) -> int:
     return max(0, min(9, 5 - job_priority))
 
 
-def send(stage: StageName, run_id: int, task_id: str, job_priority: int = 0, countdown_s: float = 0.0) -> bool:
+def send(
+    stage: StageName, run_id: int, task_id: str, job_priority: int = 0, countdown_s: float = 0.0
+) -> bool:
     """Publish "run stage run `run_id`"; False when the broker could not take it."""
     try:
         app.send_task(
@@ -63,3 +66,15 @@ def advance(sessions: sessionmaker[Session], settings: Settings, job_id: int) ->
         send(step.stage, step.run_id, task_id, priority, step.delay_s)
         log.info("job %s: sent %s (run %s)", job_id, step.stage.value, step.run_id)
     return step
+
+
+def resend(sessions: sessionmaker[Session], run_id: int, countdown_s: float = 0.0) -> bool:
+    """Send a queued attempt again under a new task id (its old message is gone or spent)."""
+    task_id = str(uuid.uuid4())
+    with session_scope(sessions) as session:
+        run = session.get_one(StageRun, run_id)
+        if run.status not in (StageState.PENDING.value, StageState.QUEUED.value):
+            return False
+        repo.set_stage_state(session, run, StageState.QUEUED, task_id=task_id)
+        stage, priority = StageName(run.stage), run.job.priority
+    return send(stage, run_id, task_id, priority, countdown_s)

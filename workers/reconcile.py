@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -96,17 +95,11 @@ def _resend_orphans(sessions: sessionmaker[Session], settings: Settings, report:
     if not candidates:
         return
     live = broker_task_ids()
-    for run_id, task_id, stage, priority in candidates:
+    for run_id, task_id, _stage, _priority in candidates:
         if live is not None and task_id in live:
             continue
-        new_task_id = str(uuid.uuid4())
-        with session_scope(sessions) as session:
-            run = session.get_one(StageRun, run_id)
-            if run.status != StageState.QUEUED.value:
-                continue
-            repo.set_stage_state(session, run, StageState.QUEUED, task_id=new_task_id)
-        dispatch.send(stage, run_id, new_task_id, priority)
-        report.resent_runs.append(run_id)
+        if dispatch.resend(sessions, run_id):
+            report.resent_runs.append(run_id)
 
 
 def _advance_idle_jobs(sessions: sessionmaker[Session], settings: Settings, report: ReconcileReport) -> None:

@@ -7,7 +7,7 @@ import logging
 from pipeline.db.models import StageRun
 from pipeline.db.session import session_scope
 from pipeline.execution import execute_run
-from pipeline.states import StageName
+from pipeline.states import StageName, StageState
 from workers import dispatch
 from workers.celery_app import TIME_LIMITS_S, app, task_name
 from workers.runtime import runtime, settings
@@ -16,6 +16,8 @@ __all__ = ["run_stage_run"]
 
 log = logging.getLogger(__name__)
 
+_DEFER_S = 2.0
+
 
 def run_stage_run(run_id: int) -> str:
     """The body every stage task shares; returns the run's state for the worker log."""
@@ -23,7 +25,10 @@ def run_stage_run(run_id: int) -> str:
     state = execute_run(rt, run_id)
     with session_scope(rt.sessions) as session:
         job_id = session.get_one(StageRun, run_id).job_id
-    if state.is_final:
+    if state in (StageState.PENDING, StageState.QUEUED):
+        # An equal run is in flight elsewhere; look again shortly and reuse its result.
+        dispatch.resend(rt.sessions, run_id, countdown_s=_DEFER_S)
+    elif state.is_final:
         # Idempotent: a duplicate delivery finds the next stage already queued and waits.
         dispatch.advance(rt.sessions, settings(), job_id)
     return state.value

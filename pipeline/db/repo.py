@@ -7,9 +7,10 @@ work (say "mark succeeded and link the outputs") commits or rolls back as a whol
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
 from pipeline.db.models import Artifact, Job, Provenance, RunArtifact, StageRun, utcnow
@@ -30,6 +31,8 @@ __all__ = [
     "find_cached_run",
     "claim_run",
     "touch_heartbeat",
+    "lock_cache_key",
+    "running_with_key",
 ]
 
 
@@ -212,3 +215,29 @@ def touch_heartbeat(session: Session, run_id: int) -> bool:
         .execution_options(synchronize_session=False)
     )
     return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def lock_cache_key(session: Session, key: str) -> None:
+    """Serialize claims of runs with this cache key until the transaction ends (PostgreSQL only).
+
+    SQLite allows one writer at a time already, so there it is a no-op.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": int(key[:15], 16)})
+
+
+def running_with_key(session: Session, key: str, exclude_run_id: int, heartbeat_after: datetime) -> bool:
+    """Whether another run with this cache key is running and alive."""
+    return (
+        session.scalar(
+            select(StageRun.id)
+            .where(
+                StageRun.cache_key == key,
+                StageRun.status == StageState.RUNNING.value,
+                StageRun.id != exclude_run_id,
+                StageRun.heartbeat_at > heartbeat_after,
+            )
+            .limit(1)
+        )
+        is not None
+    )

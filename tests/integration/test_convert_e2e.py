@@ -66,7 +66,7 @@ def test_convert_demo_checkpoint_on_postgres(migrated: tuple[Path, str], demo_ch
     assert decompose["rel_error"] < 1e-3, "demo weights are exactly ternary: conversion must be lossless"
 
     validation = detail["validation"]
-    assert validation["loaded"] is True
+    assert validation["checks"]["loads"] == "pass"
     assert isinstance(validation["text"], str)
     assert validation["verdict"] in ("pass", "warn")
 

@@ -20,8 +20,11 @@ def test_stage_modules_import_no_celery_or_sqlalchemy() -> None:
         "        if exc.name != f'pipeline.stages.{stage.value}':\n"
         "            raise\n"
         "import pipeline.ternary, pipeline.gguf_pack\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('celery', 'sqlalchemy', 'kombu', 'redis'))\n"
+        "orchestration = ('celery', 'sqlalchemy', 'kombu', 'redis')\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in orchestration)\n"
         "print(','.join(bad))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     assert result.stdout.strip() == "", f"stage logic imported orchestration modules: {result.stdout}"
