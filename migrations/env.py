@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
+
 from pipeline.db.models import Base
 from pipeline.db.session import make_engine
 
