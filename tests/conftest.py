@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-# The checkout may not be pip-installed (no editable install in every venv): make
-# `import pipeline` resolve to this tree whichever way pytest was started.
-_REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(_REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(_REPO_ROOT))
-
-from pipeline.demo import write_demo_checkpoint  # noqa: E402
-from pipeline.stages.base import InputFile, sha256_file  # noqa: E402
+from pipeline.demo import write_demo_checkpoint
+from pipeline.stages.base import InputFile, sha256_file
 
 
 @pytest.fixture(scope="session")
