@@ -148,8 +148,11 @@ def _encode(
     shape = tuple(weight.shape)
     n_params = weight.numel()
     if decision.is_ternary:
-        result = decompose_matrix(weight, recipe.method, irls_iters=recipe.irls_iters, device=device)
-        raw = pack_ternary(decision.ggml_type, result.codes, result.scales)
+        try:
+            result = decompose_matrix(weight, recipe.method, irls_iters=recipe.irls_iters, device=device)
+            raw = pack_ternary(decision.ggml_type, result.codes, result.scales)
+        except ValueError as exc:
+            raise InputError(f"{name}: cannot decompose into {decision.ggml_type}: {exc}") from exc
         sq_error, absmean_sq, sq_norm = result.sq_error, result.absmean_sq_error, result.sq_norm
         sparsity, rel, absmean_rel = result.sparsity, result.rel_error, result.absmean_rel_error
         n_zero = int(round(result.sparsity * n_params))

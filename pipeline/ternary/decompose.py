@@ -87,7 +87,8 @@ def decompose_matrix(
     ``device``: where the fitting runs (default: ``w``'s device); ``w`` may stay on the CPU,
     memory-mapped, since only one chunk of ``chunk_rows`` rows is moved at a time.
 
-    Raises ValueError for an unknown method, a non-2-D ``w``, or ``cols % block_size != 0``.
+    Raises ValueError for an unknown method, a non-2-D ``w``, ``cols % block_size != 0`` or
+    non-finite weights.
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
@@ -111,6 +112,8 @@ def decompose_matrix(
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
         blocks = w[r0:r1].to(dev, torch.float32).reshape(-1, block_size)
+        if not bool(torch.isfinite(blocks).all()):
+            raise ValueError(f"rows {r0}..{r1 - 1} hold NaN or infinite weights")
         imp = None if imp_row is None else imp_row.expand(r1 - r0, -1, -1).reshape(-1, block_size)
         codes, scales = _fit(blocks, method, imp)
         if irls_iters > 0:

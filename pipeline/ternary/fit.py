@@ -87,29 +87,33 @@ def fit_optimal(
     return codes, scales
 
 
-def _sorted_prefix_sums(mag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``mag`` [n_blocks, B] (non-negative, finite) sorted descending, and its running sums ``S_k``.
+def _sorted_prefix_sums(
+    mag: torch.Tensor, use_numpy: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mag`` [n_blocks, B] (non-negative, finite) sorted ascending, and the sums ``S_k`` of its k largest.
 
     On the CPU numpy's SIMD sort of the float bit patterns as int32 (the same order for
     non-negative floats) is ~10x faster than torch.sort, which also builds indices this path
     does not need; the running sum is taken over the reversed view, without a flipped copy.
     """
-    if mag.device.type == "cpu":
+    if use_numpy if use_numpy is not None else mag.device.type == "cpu":
         import numpy as np
 
         ascending = np.sort(mag.contiguous().view(torch.int32).numpy(), axis=1).view(np.float32)
-        descending = ascending[:, ::-1]
-        prefix = np.add.accumulate(descending, axis=1, dtype=np.float32)
-        return torch.from_numpy(np.ascontiguousarray(descending)), torch.from_numpy(prefix)
-    sorted_mag = torch.sort(mag, dim=1, descending=True).values
-    return sorted_mag, torch.cumsum(sorted_mag, dim=1)
+        prefix = np.empty(ascending.shape, dtype=np.float32)
+        np.add.accumulate(ascending[:, ::-1], axis=1, out=prefix)
+        return torch.from_numpy(ascending), torch.from_numpy(prefix)
+    ascending_t = torch.sort(mag, dim=1).values
+    return ascending_t, torch.cumsum(ascending_t.flip(1), dim=1)
 
 
-def _optimal_uniform(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _optimal_uniform(
+    blocks: torch.Tensor, use_numpy: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Unrounded optimal ``d`` [n_blocks] and the non-zero mask [n_blocks, B] for uniform importance."""
     block_size = blocks.shape[1]
     mag = blocks.abs()
-    sorted_mag, prefix = _sorted_prefix_sums(mag)
+    ascending, prefix = _sorted_prefix_sums(mag, use_numpy)
     count = torch.arange(1, block_size + 1, device=blocks.device, dtype=torch.float32)
     best = torch.argmax(prefix * prefix / count, dim=1, keepdim=True)  # first maximum: smallest k
     k = best + 1
@@ -117,7 +121,7 @@ def _optimal_uniform(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # The top k are the entries >= the k-th largest value v, unless entries equal to v
     # straddle position k: then only the first (lowest-index) ties are taken, which is
     # what a stable descending sort would pick. Such rows are rare; fix only them.
-    v = torch.gather(sorted_mag, 1, best)
+    v = torch.gather(ascending, 1, block_size - 1 - best)
     keep = mag >= v
     over = (keep.sum(dim=1, dtype=torch.int32, keepdim=True) != k).squeeze(1).nonzero().squeeze(1)
     if over.numel():

@@ -118,3 +118,24 @@ def test_decompose_matrix_chunks_and_determinism() -> None:
     assert 0.3 < a.sparsity < 0.6
     with pytest.raises(ValueError, match="multiple of the block size"):
         decompose_matrix(torch.zeros(2, 300))
+
+
+def test_numpy_and_torch_sort_paths_agree_with_ties() -> None:
+    """The CPU fast path (numpy sort) and the torch.sort path (used on CUDA) pick the same codes."""
+    from pipeline.ternary.fit import _optimal_uniform
+
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randn(300, 256, generator=gen).to(torch.bfloat16).float()  # bf16: many ties in |w|
+    w[:5, :] = 0.25  # whole blocks of ties
+    w[5:10, :128] = -0.5
+    d_np, keep_np = _optimal_uniform(w, use_numpy=True)
+    d_t, keep_t = _optimal_uniform(w, use_numpy=False)
+    assert torch.equal(keep_np, keep_t)
+    assert torch.allclose(d_np, d_t, rtol=1e-6)
+
+
+def test_non_finite_weights_are_refused() -> None:
+    w = torch.randn(4, 256)
+    w[2, 7] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        decompose_matrix(w)
