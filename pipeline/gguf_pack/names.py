@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import gguf
 
 __all__ = [
+    "ROPE_FREQS",
+    "GENERATED_TENSORS",
     "ArchSpec",
     "ARCHITECTURES",
     "SKIPPED_SUFFIXES",
@@ -70,3 +72,8 @@ REQUIRED_PER_BLOCK: tuple[str, ...] = (
     "ffn_up.weight",
     "ffn_down.weight",
 )
+
+# Tensors the package stage computes from config.json itself (not from weights, so not in
+# decompose's parts): Llama 3.1+ rope scaling factors.
+ROPE_FREQS = f"{gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS]}.weight"
+GENERATED_TENSORS: tuple[str, ...] = (ROPE_FREQS,)

@@ -35,11 +35,15 @@ __all__ = [
     "tensor_nbytes",
     "file_type_for",
     "llama_metadata",
+    "llama3_rope_factors",
     "write_gguf",
 ]
 
 # Which file_type to advertise, by the lowest-precision tensor type present (the
 # "mostly" in llama.cpp's names): ternary wins over Q8_0 over F16 over F32.
+# Rope kinds written as-is; "llama3" adds the rope_freqs tensor (see llama3_rope_factors).
+_ROPE_KINDS = frozenset({"default", "linear", "llama3"})
+
 _FILE_TYPE_BY_TYPE: tuple[tuple[gguf.GGMLQuantizationType, gguf.LlamaFileType], ...] = (
     (gguf.GGMLQuantizationType.TQ1_0, gguf.LlamaFileType.MOSTLY_TQ1_0),
     (gguf.GGMLQuantizationType.TQ2_0, gguf.LlamaFileType.MOSTLY_TQ2_0),
@@ -132,19 +136,63 @@ def llama_metadata(
         arch_key(Attention.LAYERNORM_RMS_EPS, arch): float(_config_number(config, "rms_norm_eps", 1e-5)),
         arch_key(Attention.KEY_LENGTH, arch): head_dim,
         arch_key(Attention.VALUE_LENGTH, arch): head_dim,
-        arch_key(Rope.FREQ_BASE, arch): float(_config_number(config, "rope_theta", 10000.0)),
+        arch_key(Rope.FREQ_BASE, arch): float(_rope_theta(config)),
         arch_key(Rope.DIMENSION_COUNT, arch): head_dim,
         General.FILE_TYPE: int(file_type),
     }
-    scaling = config.get("rope_scaling")
-    if scaling:
-        kind = scaling.get("rope_type") or scaling.get("type")
-        if kind != "linear":
-            # llama3/yarn/longrope need extra tensors or keys we do not write yet.
-            raise InputError(f"config.json rope_scaling type {kind!r} is not supported yet (only 'linear')")
+    kind, scaling = _rope_scaling(config)
+    if kind == "linear":
         meta[arch_key(Rope.SCALING_TYPE, arch)] = "linear"
         meta[arch_key(Rope.SCALING_FACTOR, arch)] = float(_config_number(scaling, "factor"))
+    elif kind not in _ROPE_KINDS:
+        # yarn/longrope/dynamic need keys and kernels we have not checked against llama.cpp.
+        raise InputError(
+            f"config.json rope scaling type {kind!r} is not supported yet (supported: {sorted(_ROPE_KINDS)})"
+        )
     return meta
+
+
+def _rope_scaling(config: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
+    """(kind, parameters): transformers >= 4.56 writes `rope_parameters`, older ones `rope_scaling`."""
+    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    if not isinstance(scaling, Mapping):
+        raise InputError(f"config.json rope scaling is {scaling!r}; expected an object")
+    kind = scaling.get("rope_type") or scaling.get("type") or "default"
+    return str(kind), scaling
+
+
+def _rope_theta(config: Mapping[str, Any]) -> float:
+    theta = config.get("rope_theta")
+    if theta is None:
+        theta = _rope_scaling(config)[1].get("rope_theta", 10000.0)
+    return float(_config_number({"rope_theta": theta}, "rope_theta"))
+
+
+def llama3_rope_factors(config: Mapping[str, Any]) -> np.ndarray[Any, Any] | None:
+    """Per-frequency divisors for Llama 3.1+ rope scaling (the `rope_freqs.weight` tensor), or None.
+
+    Llama 3 stretches only the low frequencies: wavelengths shorter than
+    original_context / high_freq_factor keep factor 1, longer than
+    original_context / low_freq_factor get `factor`, and the band between blends the two.
+    Returns float32 [head_dim / 2].
+    """
+    kind, scaling = _rope_scaling(config)
+    if kind != "llama3":
+        return None
+    n_head = int(_config_number(config, "num_attention_heads"))
+    head_dim = int(config.get("head_dim") or int(_config_number(config, "hidden_size")) // n_head)
+    factor = float(_config_number(scaling, "factor", 8.0))
+    low = float(_config_number(scaling, "low_freq_factor", 1.0))
+    high = float(_config_number(scaling, "high_freq_factor", 4.0))
+    old_ctx = float(_config_number(scaling, "original_max_position_embeddings", 8192))
+    if high <= low:
+        raise InputError(f"llama3 rope scaling has high_freq_factor {high} <= low_freq_factor {low}")
+    freqs = 1.0 / (_rope_theta(config) ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    wavelen = 2 * np.pi / freqs
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    blended = 1.0 / ((1.0 - smooth) / factor + smooth)
+    out = np.where(wavelen < old_ctx / high, 1.0, np.where(wavelen > old_ctx / low, factor, blended))
+    return out.astype(np.float32)
 
 
 def _typed(key: str, value: Any) -> Typed:

@@ -191,6 +191,19 @@ def _metadata(
     return meta
 
 
+def _generated_tensors(config: Mapping[str, Any]) -> list[Any]:
+    """Tensors computed from config.json rather than weights (Llama 3.1+ rope factors)."""
+    import gguf
+
+    from pipeline.gguf_pack.names import ROPE_FREQS
+    from pipeline.gguf_pack.write import TensorToWrite, llama3_rope_factors
+
+    factors = llama3_rope_factors(config)
+    if factors is None:
+        return []
+    return [TensorToWrite(ROPE_FREQS, gguf.GGMLQuantizationType.F32, tuple(factors.shape), lambda: factors)]
+
+
 def _verify_bytes(path: Path, ordered: list[PartTensor]) -> None:
     """Compare every tensor's bytes in the written file with its part (both memory-mapped)."""
     import gguf
@@ -237,9 +250,10 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
         TensorToWrite(t.gguf_name, gguf.GGMLQuantizationType[t.ggml_type], t.shape, _loader(t))
         for t in ordered
     ]
+    to_write += _generated_tensors(config)
     dest = Path(workdir) / OUTPUT_NAME
     written = write_gguf(dest, arch_spec(card).gguf_name, meta, to_write)
-    expected = {t.gguf_name: (gguf.GGMLQuantizationType[t.ggml_type], t.shape) for t in ordered}
+    expected = {t.name: (t.ggml_type, t.shape) for t in to_write}
     summary = inspect_gguf(dest, expected)
     _verify_bytes(dest, ordered)
     log.info(

@@ -308,6 +308,8 @@ def _type_bpw(type_name: str) -> float:
 
 
 def _check_types(summary: Any, ternary_type: str | None, report: Mapping[str, Any] | None) -> Check:
+    from pipeline.gguf_pack.names import GENERATED_TENSORS
+
     planned = {t["name"]: t["ggml_type"] for t in (report or {}).get("tensors", []) if "name" in t}
     if planned:
         wrong = [
@@ -315,7 +317,8 @@ def _check_types(summary: Any, ternary_type: str | None, report: Mapping[str, An
             for n, t in planned.items()
             if summary.tensor_types.get(n) != t
         ]
-        extra = sorted(set(summary.tensor_types) - set(planned))
+        # Package computes some tensors from config.json; decompose never plans them.
+        extra = sorted(set(summary.tensor_types) - set(planned) - set(GENERATED_TENSORS))
         if wrong or extra:
             return Check(
                 "tensor_types",

@@ -131,7 +131,7 @@ def test_llama_metadata_from_config(demo_checkpoint: Path) -> None:
     assert meta["llama.context_length"] == 256 and meta["llama.feed_forward_length"] == 512
     assert meta["llama.attention.head_count"] == 4 and meta["llama.attention.head_count_kv"] == 2
     assert meta["llama.rope.freq_base"] == 10000.0 and meta["general.file_type"] == 37
-    with pytest.raises(InputError, match="rope_scaling"):
+    with pytest.raises(InputError, match="rope scaling type .yarn."):
         llama_metadata(
             {**config, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, gguf.LlamaFileType.ALL_F32
         )
@@ -167,3 +167,42 @@ def test_inspect_rejects_truncated_and_hostile_files(tmp_path: Path) -> None:
     junk.write_bytes(b"GGML" + bytes(40))
     with pytest.raises(IntegrityError, match="magic"):
         inspect_gguf(junk)
+
+
+def test_llama3_rope_factors_blend_low_frequencies() -> None:
+    import math
+
+    from pipeline.gguf_pack.write import llama3_rope_factors
+
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    config = {"num_attention_heads": 32, "hidden_size": 2048, "rope_theta": 500000.0, "rope_scaling": scaling}
+    factors = llama3_rope_factors(config)
+    assert factors is not None and factors.shape == (32,) and factors.dtype == np.float32
+    for i, got in enumerate(factors.tolist()):
+        wavelen = 2 * math.pi * 500000.0 ** (2 * i / 64)
+        if wavelen < 8192 / 4:
+            want = 1.0
+        elif wavelen > 8192 / 1:
+            want = 32.0
+        else:
+            smooth = (8192 / wavelen - 1.0) / 3.0
+            want = 1 / ((1 - smooth) / 32.0 + smooth)
+        assert got == pytest.approx(want, rel=1e-6), i
+    assert llama3_rope_factors({**config, "rope_scaling": None}) is None
+    meta = llama_metadata(
+        {
+            **config,
+            "vocab_size": 8,
+            "max_position_embeddings": 8,
+            "num_hidden_layers": 1,
+            "intermediate_size": 8,
+        },
+        gguf.LlamaFileType.ALL_F32,
+    )
+    assert "llama.rope.scaling.type" not in meta

@@ -185,3 +185,28 @@ def test_llama_cpp_logits_match_reference_forward(demo_checkpoint: Path, tmp_pat
     # file without the q/k rope permutation is off by 130% and picks other tokens.
     assert np.abs(got - expected).max() < 0.02 * np.abs(expected).max()
     assert np.array_equal(got.argmax(-1), expected.argmax(-1))
+
+
+@pytest.mark.llama
+def test_llama3_rope_scaling_adds_rope_freqs(demo_checkpoint: Path, tmp_path: Path) -> None:
+    llama_cpp = pytest.importorskip("llama_cpp")
+    import shutil
+
+    checkpoint = tmp_path / "llama3"
+    shutil.copytree(demo_checkpoint, checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["rope_scaling"] = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    inputs = package_inputs(checkpoint, card_for_checkpoint(checkpoint), tmp_path)
+    (tmp_path / "work").mkdir()
+    result = package.run(package.make_params(JobSpec(source="l3")), inputs, tmp_path / "work")
+    summary = inspect_gguf(result.outputs[0].path)
+    assert summary.tensor_types["rope_freqs.weight"] == "F32" and summary.shapes["rope_freqs.weight"] == (32,)
+    model = llama_cpp.Llama(model_path=str(result.outputs[0].path), n_ctx=64, n_threads=1, verbose=False)
+    assert model.n_vocab() == 512
