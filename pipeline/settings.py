@@ -44,6 +44,13 @@ class Settings(BaseSettings):
     requeue_after_s: float = 60.0
     # Hugging Face token, passed to the hub client only; never stored or logged.
     hf_token: str | None = Field(default=None, repr=False)
+    # HTTP API bearer tokens, comma-separated "name:scopes:sha256hex" (scopes read, submit, joined by "+");
+    # only the tokens' sha256 hashes are configured. `bonsai api-token NAME` makes an entry.
+    api_tokens: str = Field(default="", repr=False)
+    # Ed25519 private key (PEM) that signs provenance statements; unset means statements stay unsigned.
+    signing_key: Path | None = None
+    # Ed25519 public key (PEM) that `bonsai audit` checks signatures with; unset means the signing key's.
+    signing_public_key: Path | None = None
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
