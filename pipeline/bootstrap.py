@@ -71,4 +71,5 @@ def build_runtime(settings: Settings) -> Runtime:
         heartbeat_s=settings.heartbeat_s,
         max_attempts=settings.max_attempts,
         retry_base_s=settings.retry_base_s,
+        stage_package=settings.stage_package,
     )

@@ -12,6 +12,7 @@ import hashlib
 import inspect
 import json
 import logging
+import os
 import shutil
 import socket
 import threading
@@ -47,7 +48,8 @@ class Runtime:
     sessions: sessionmaker[Session]
     store: ArtifactStore
     work_root: Path
-    worker_host: str = field(default_factory=socket.gethostname)
+    # host:pid, so an operator (or a test) can tell which process ran an attempt.
+    worker_host: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     # Outside-world clients (the hub) passed to the stages whose run() accepts them.
     clients: Mapping[str, Any] = field(default_factory=dict)
     # Seconds between heartbeats of a running stage; the reconciler's timeout is larger.
@@ -55,6 +57,7 @@ class Runtime:
     # Attempts of one stage before its job fails, and the first retry delay (doubling).
     max_attempts: int = 3
     retry_base_s: float = 5.0
+    stage_package: str = "pipeline.stages"
 
 
 def cache_key(stage: StageName, version: str, params: Any, inputs: Mapping[str, InputFile]) -> str:
@@ -166,7 +169,7 @@ def _claim(rt: Runtime, run_id: int, use_cache: bool) -> _Claimed | StageState:
             return StageState(run.status)
         stage, job = StageName(run.stage), run.job
         try:
-            module = load_stage(stage)
+            module = load_stage(stage, rt.stage_package)
             params = module.make_params(JobSpec(job.source, job.recipe, job.params))
             inputs = gather_inputs(session, rt.store, job, stage)
             key = _cache_key_for(module, stage, params, inputs, rt.clients)
@@ -254,6 +257,7 @@ def _reuse_cached(session: Session, store: ArtifactStore, run: StageRun, key: st
         return False  # the store lost bytes: recompute rather than hand out a hole
     for link in outputs:
         repo.link_artifact(session, run, "out", link.name, link.artifact)
+    _note_revision(run, source.metrics)
     repo.set_stage_state(
         session,
         run,
@@ -309,12 +313,16 @@ def _record_success(
         repo.link_artifact(session, run, "out", output.name, artifact)
         statement = provenance.build_statement(output.name, artifact.sha256, external, input_refs, facts)
         repo.add_provenance(session, artifact, run, statement)
-    if run.stage == StageName.DOWNLOAD.value and result.metrics.get("resolved_revision"):
-        run.job.resolved_revision = str(result.metrics["resolved_revision"])
+    _note_revision(run, result.metrics)
     repo.set_stage_state(
         session, run, StageState.SUCCEEDED,
         metrics=_jsonable(result.metrics), warnings=list(result.warnings), device=device,
     )
+
+
+def _note_revision(run: StageRun, metrics: Mapping[str, Any]) -> None:
+    if run.stage == StageName.DOWNLOAD.value and metrics.get("resolved_revision"):
+        run.job.resolved_revision = str(metrics["resolved_revision"])
 
 
 def _record_failure(session: Session, run: StageRun, exc: BaseException) -> None:

@@ -144,20 +144,26 @@ def record_artifact(
     media_type: str,
     created_by: StageRun | None,
 ) -> Artifact:
-    """The Artifact row for these bytes, created on first sight (same bytes, one row)."""
+    """The Artifact row for these bytes, created on first sight (same bytes, one row).
+
+    Two workers storing the same bytes at once both succeed: the insert ignores a
+    conflict on the digest instead of failing one of them.
+    """
     artifact = session.get(Artifact, sha256)
-    if artifact is None:
-        artifact = Artifact(
-            sha256=sha256,
-            size_bytes=size_bytes,
-            uri=uri,
-            kind=kind,
-            media_type=media_type,
-            created_by_run_id=created_by.id if created_by is not None else None,
-        )
-        session.add(artifact)
-        session.flush()
-    return artifact
+    if artifact is not None:
+        return artifact
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    session.execute(
+        insert(Artifact)
+        .values(sha256=sha256, size_bytes=size_bytes, uri=uri, kind=kind, media_type=media_type,
+                created_by_run_id=created_by.id if created_by is not None else None, created_at=utcnow())
+        .on_conflict_do_nothing(index_elements=["sha256"])
+    )
+    return session.get_one(Artifact, sha256)
 
 
 def link_artifact(session: Session, run: StageRun, direction: str, name: str, artifact: Artifact) -> None:

@@ -23,6 +23,6 @@ UPSTREAM: dict[StageName, tuple[StageName, ...]] = {
 }
 
 
-def load_stage(stage: StageName) -> ModuleType:
-    """The module implementing `stage`."""
-    return importlib.import_module(f"pipeline.stages.{stage.value}")
+def load_stage(stage: StageName, package: str = "pipeline.stages") -> ModuleType:
+    """The module implementing `stage`; `package` lets benchmarks swap in no-op stages."""
+    return importlib.import_module(f"{package}.{stage.value}")

@@ -7,8 +7,6 @@ HF_HUB_OFFLINE switch is also turned on, so a slip would raise instead of reachi
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 from pathlib import Path
 
 import pytest
@@ -17,9 +15,7 @@ from pipeline.errors import InputError, TransientError
 from pipeline.hub import HfHubClient, HubFile, is_commit_sha
 from pipeline.stages import checksum, download
 from pipeline.stages.base import InputFile, JobSpec
-
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
-REPO = "acme/tiny-llama"
+from tests.support.hub_cache import COMMIT, REPO, build_hub_cache
 
 
 @pytest.fixture(autouse=True)
@@ -28,41 +24,6 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-
-
-def build_hub_cache(
-    cache: Path, files: dict[str, bytes], *, repo_id: str = REPO, commit: str = COMMIT,
-    refs: tuple[str, ...] = ("main",), with_tree: bool = True,
-) -> Path:
-    """Lay out a huggingface_hub cache as snapshot_download leaves it; returns the repo folder.
-
-    blobs/<id> hold the bytes, snapshots/<commit>/<name> are relative symlinks to them,
-    refs/<branch> name the commit, trees/<commit>.json is the hub's listing with LFS sha256.
-    """
-    org, name = repo_id.split("/")
-    repo = cache / f"models--{org}--{name}"
-    tree: dict[str, dict[str, object]] = {}
-    for rel, data in files.items():
-        sha256 = hashlib.sha256(data).hexdigest()
-        is_lfs = rel.endswith(".safetensors")
-        blob_id = sha256 if is_lfs else hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-        blob = repo / "blobs" / blob_id
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(data)
-        link = repo / "snapshots" / commit / rel
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(os.path.relpath(blob, link.parent))
-        entry: dict[str, object] = {"size": len(data), "blob_id": blob_id}
-        if is_lfs:
-            entry.update(lfs_sha256=sha256, lfs_size=len(data))
-        tree[rel] = entry
-    (repo / "refs").mkdir(parents=True, exist_ok=True)
-    for ref in refs:
-        (repo / "refs" / ref).write_text(commit)
-    if with_tree:
-        (repo / "trees").mkdir(exist_ok=True)
-        (repo / "trees" / f"{commit}.json").write_text(json.dumps({"format_version": 1, "files": tree}))
-    return repo
 
 
 FILES = {
