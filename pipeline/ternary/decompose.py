@@ -11,7 +11,16 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.ternary.fit import block_sq_error, fit_absmax, fit_absmean, fit_optimal, refine_irls
+from pipeline.ternary.fit import (
+    UniformFit,
+    absmean_sq_error,
+    block_sq_error,
+    fit_absmax,
+    fit_absmean,
+    fit_optimal,
+    fit_optimal_stats,
+    refine_irls,
+)
 
 __all__ = ["METHODS", "DecomposedMatrix", "decompose_matrix", "relative_error", "sparsity"]
 
@@ -64,6 +73,56 @@ def _fit(
     return fit_absmax(blocks)
 
 
+def _fit_chunk(
+    blocks: torch.Tensor, method: str, imp: torch.Tensor | None, irls_iters: int
+) -> tuple[torch.Tensor, torch.Tensor, float, float, float, int]:
+    """Codes, scales, and the chunk's squared error, absmean squared error, ``sum w^2``, zero count.
+
+    Per-block sums stay float32 (256 terms); chunk totals are returned as Python floats (float64).
+    The common case (optimal, uniform importance, no IRLS) takes the errors from the fit's
+    sorted sums instead of extra passes over the weights.
+    """
+    block_norm = (blocks * blocks).sum(dim=1)
+    # One check on the per-block sums instead of a pass over the weights: NaN and inf propagate.
+    if not bool(torch.isfinite(block_norm).all()):
+        raise ValueError("the weights hold NaN or infinite values (or |w| above 1e19)")
+    norm = block_norm.double().sum().item()
+    if method == "optimal" and imp is None and irls_iters == 0:
+        fit = fit_optimal_stats(blocks)
+        absmean_err = absmean_sq_error(fit, block_norm).sum().item()
+        err = _optimal_sq_error(blocks, fit, block_norm)
+        n_zero = blocks.numel() - int(fit.n_nonzero.sum().item())
+        return fit.codes, fit.scales, err, absmean_err, norm, n_zero
+    codes, scales = _fit(blocks, method, imp)
+    base_codes, base_scales = fit_absmean(blocks)
+    absmean_err = block_sq_error(blocks, base_codes, base_scales).double().sum().item()
+    if irls_iters > 0:
+        codes, scales = refine_irls(blocks, codes, scales, imp, iters=irls_iters)
+    n_zero = int((codes == 0).sum().item())
+    err = block_sq_error(blocks, codes, scales).double().sum().item()
+    return codes, scales, err, absmean_err, norm, n_zero
+
+
+def _optimal_sq_error(blocks: torch.Tensor, fit: UniformFit, block_norm: torch.Tensor) -> float:
+    """Total squared error of an optimal fit: ``sum w^2 - 2 d S_k + d^2 k`` per block (float64).
+
+    That identity needs no pass over the weights but carries ~1e-7 * ``sum w^2`` of float32
+    noise, which matters only for blocks fitted almost exactly (ternary-trained weights):
+    those are summed directly instead, so exact inputs report exactly zero.
+    """
+    k = fit.n_nonzero
+    top_sum = torch.gather(fit.prefix, 1, (k - 1).clamp_min(0).unsqueeze(1)).squeeze(1)
+    top_sum = torch.where(k > 0, top_sum, torch.zeros_like(top_sum)).double()
+    d = fit.scales.double()
+    norm = block_norm.double()
+    err = (norm - 2 * d * top_sum + d * d * k.double()).clamp_min(0.0)
+    near_exact = (err <= 1e-5 * norm).nonzero().squeeze(1)
+    if near_exact.numel():
+        exact = block_sq_error(blocks[near_exact], fit.codes[near_exact], fit.scales[near_exact])
+        err[near_exact] = exact.double()
+    return err.sum().item()
+
+
 def _ratio(num: float, den: float) -> float:
     if den == 0.0:
         return 0.0 if num == 0.0 else float("inf")
@@ -112,18 +171,14 @@ def decompose_matrix(
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
         blocks = w[r0:r1].to(dev, torch.float32).reshape(-1, block_size)
-        if not bool(torch.isfinite(blocks).all()):
-            raise ValueError(f"rows {r0}..{r1 - 1} hold NaN or infinite weights")
         imp = None if imp_row is None else imp_row.expand(r1 - r0, -1, -1).reshape(-1, block_size)
-        codes, scales = _fit(blocks, method, imp)
-        if irls_iters > 0:
-            codes, scales = refine_irls(blocks, codes, scales, imp, iters=irls_iters)
-        # Per-block sums stay float32 (256 terms); the running totals are Python floats (float64).
-        sq_err += block_sq_error(blocks, codes, scales).double().sum().item()
-        base_codes, base_scales = fit_absmean(blocks)
-        sq_err_absmean += block_sq_error(blocks, base_codes, base_scales).double().sum().item()
-        sq_norm += (blocks * blocks).sum(dim=1).double().sum().item()
-        n_zero += int((codes == 0).sum().item())
+        codes, scales, chunk_err, chunk_absmean, chunk_norm, chunk_zero = _fit_chunk(
+            blocks, method, imp, irls_iters
+        )
+        sq_err += chunk_err
+        sq_err_absmean += chunk_absmean
+        sq_norm += chunk_norm
+        n_zero += chunk_zero
         codes_out[r0:r1] = codes.reshape(r1 - r0, cols).cpu()
         scales_out[r0:r1] = scales.reshape(r1 - r0, n_per_row).cpu()
     return DecomposedMatrix(

@@ -16,6 +16,8 @@ principle win after rounding; the effect is at the 1e-3 relative level of fp16 a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 __all__ = [
@@ -27,6 +29,9 @@ __all__ = [
     "dequantize_blocks",
     "block_sq_error",
     "to_fp16_scale",
+    "UniformFit",
+    "fit_optimal_stats",
+    "absmean_sq_error",
 ]
 
 FP16_MAX = 65504.0
@@ -77,14 +82,21 @@ def fit_optimal(
     """
     blocks = _check_blocks(blocks)
     if importance is None:
-        d, keep = _optimal_uniform(blocks)
-    else:
-        d, keep = _optimal_weighted(blocks, importance)
+        fit = _optimal_uniform(blocks)
+        return fit.codes, fit.scales
+    d, keep = _optimal_weighted(blocks, importance)
+    return _codes_from_mask(blocks, d, keep)
+
+
+def _codes_from_mask(
+    blocks: torch.Tensor, d: torch.Tensor, keep: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp16 scales and ``sign(w)`` codes where ``keep``; a scale that underflows fp16 zeroes its block."""
     d = torch.where(torch.isfinite(d), d, torch.zeros_like(d))
     scales = to_fp16_scale(d)
-    keep &= scales.unsqueeze(1) > 0  # a scale that underflows fp16 zeroes its block
-    codes = torch.sign(blocks).to(torch.int8) * keep.to(torch.int8)
-    return codes, scales
+    keep = keep & (scales.unsqueeze(1) > 0)
+    keep_i8 = keep.to(torch.int8)
+    return torch.where(blocks < 0, -keep_i8, keep_i8), scales
 
 
 def _sorted_prefix_sums(
@@ -107,15 +119,28 @@ def _sorted_prefix_sums(
     return ascending_t, torch.cumsum(ascending_t.flip(1), dim=1)
 
 
-def _optimal_uniform(
-    blocks: torch.Tensor, use_numpy: bool | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unrounded optimal ``d`` [n_blocks] and the non-zero mask [n_blocks, B] for uniform importance."""
+@dataclass(frozen=True)
+class UniformFit:
+    """`fit_optimal` (uniform importance) plus the per-block sums it already holds.
+
+    ``ascending``: ``|w|`` sorted ascending [n_blocks, B]; ``prefix[:, k-1]``: sum of the k
+    largest ``|w|``; ``n_nonzero``: non-zero codes per block (int64 [n_blocks]).
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    ascending: torch.Tensor
+    prefix: torch.Tensor
+    n_nonzero: torch.Tensor
+
+
+def _optimal_uniform(blocks: torch.Tensor, use_numpy: bool | None = None) -> UniformFit:
+    """The exact uniform-importance fit (see `fit_optimal`) with its sorted magnitudes and sums."""
     block_size = blocks.shape[1]
     mag = blocks.abs()
     ascending, prefix = _sorted_prefix_sums(mag, use_numpy)
-    count = torch.arange(1, block_size + 1, device=blocks.device, dtype=torch.float32)
-    best = torch.argmax(prefix * prefix / count, dim=1, keepdim=True)  # first maximum: smallest k
+    inv_count = 1.0 / torch.arange(1, block_size + 1, device=blocks.device, dtype=torch.float32)
+    best = torch.argmax(prefix * prefix * inv_count, dim=1, keepdim=True)  # first maximum: smallest k
     k = best + 1
     d = torch.gather(prefix, 1, best).squeeze(1) / k.squeeze(1).to(torch.float32)
     # The top k are the entries >= the k-th largest value v, unless entries equal to v
@@ -129,7 +154,33 @@ def _optimal_uniform(
         tied = m == vv
         need = k[over] - (m > vv).sum(dim=1, keepdim=True)
         keep[over] = (m > vv) | (tied & (torch.cumsum(tied, dim=1) <= need))
-    return d, keep
+    codes, scales = _codes_from_mask(blocks, d, keep)
+    n_nonzero = torch.where(scales > 0, k.squeeze(1), torch.zeros_like(k.squeeze(1)))
+    return UniformFit(codes, scales, ascending, prefix, n_nonzero)
+
+
+def fit_optimal_stats(blocks: torch.Tensor) -> UniformFit:
+    """`fit_optimal` with uniform importance, returning its sorted magnitudes and sums as well."""
+    return _optimal_uniform(_check_blocks(blocks))
+
+
+def absmean_sq_error(fit: UniformFit, sq_norm: torch.Tensor) -> torch.Tensor:
+    """Per-block squared error `fit_absmean` would have, from a `UniformFit`'s sorted sums (float64).
+
+    With ``d`` = fp16(mean|w|) the absmean codes are non-zero exactly where ``|w| > d/2``, the
+    ``c`` largest entries, so the error is ``sum w^2 - 2 d S_c + d^2 c`` with no pass over the
+    weights. ``sq_norm``: per-block ``sum w^2``. Float32 rounding in the sums leaves ~1e-7
+    relative noise, so exactly representable blocks may show a tiny non-zero error; and
+    ``mean|w|`` is summed in sorted order, so ``d`` can differ from `fit_absmean`'s in the last bit.
+    """
+    block_size = fit.prefix.shape[1]
+    d = to_fp16_scale(fit.prefix[:, -1] / block_size)
+    n_above = block_size - torch.searchsorted(fit.ascending, (d / 2).unsqueeze(1), right=True)
+    top_sum = torch.gather(fit.prefix, 1, (n_above - 1).clamp_min(0)).squeeze(1)
+    top_sum = torch.where(n_above.squeeze(1) > 0, top_sum, torch.zeros_like(top_sum)).double()
+    d64 = d.double()
+    err = sq_norm.double() - 2 * d64 * top_sum + d64 * d64 * n_above.squeeze(1).double()
+    return err.clamp_min(0.0)
 
 
 def _optimal_weighted(blocks: torch.Tensor, importance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,16 +201,16 @@ def _optimal_weighted(blocks: torch.Tensor, importance: torch.Tensor) -> tuple[t
 
 
 def fit_absmean(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """BitNet b1.58 style, per block: ``d = mean|w|``, ``t = clamp(round(w / d), -1, 1)``.
+    """BitNet b1.58 style, per block: ``d = mean|w|`` (fp16), ``t = clamp(round(w / d), -1, 1)``.
 
-    The baseline the report compares against. ``round`` is half-to-even (torch.round); the
-    difference from half-away-from-zero only touches weights exactly at ``d/2``.
+    The baseline the report compares against. Computed as ``t = sign(w)`` where ``|w| > d/2``,
+    which is that rounding with exact halves going to 0 (round half to even), and free of the
+    float rounding of ``w / d``.
     """
     blocks = _check_blocks(blocks)
     d = to_fp16_scale(blocks.abs().mean(dim=1))
-    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
-    codes = torch.round(blocks * inv.unsqueeze(1)).clamp(-1, 1).to(torch.int8)
-    return codes, d
+    keep = (blocks.abs() > (d / 2).unsqueeze(1)).to(torch.int8)
+    return torch.where(blocks < 0, -keep, keep), d
 
 
 def fit_absmax(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

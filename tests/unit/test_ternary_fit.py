@@ -128,10 +128,22 @@ def test_numpy_and_torch_sort_paths_agree_with_ties() -> None:
     w = torch.randn(300, 256, generator=gen).to(torch.bfloat16).float()  # bf16: many ties in |w|
     w[:5, :] = 0.25  # whole blocks of ties
     w[5:10, :128] = -0.5
-    d_np, keep_np = _optimal_uniform(w, use_numpy=True)
-    d_t, keep_t = _optimal_uniform(w, use_numpy=False)
-    assert torch.equal(keep_np, keep_t)
-    assert torch.allclose(d_np, d_t, rtol=1e-6)
+    fit_np = _optimal_uniform(w, use_numpy=True)
+    fit_t = _optimal_uniform(w, use_numpy=False)
+    assert torch.equal(fit_np.codes, fit_t.codes)
+    assert torch.allclose(fit_np.scales, fit_t.scales, rtol=1e-3)
+    assert torch.equal(fit_np.n_nonzero, (fit_np.codes != 0).sum(dim=1))
+
+
+def test_absmean_error_from_sorted_sums_matches_direct() -> None:
+    from pipeline.ternary.fit import absmean_sq_error, fit_optimal_stats
+
+    w = torch.randn(500, 256, generator=torch.Generator().manual_seed(8))
+    w[0] = 0.0
+    fit = fit_optimal_stats(w)
+    fast = absmean_sq_error(fit, (w * w).sum(dim=1))
+    direct = block_sq_error(w, *fit_absmean(w))
+    assert torch.allclose(fast, direct.double(), rtol=1e-4, atol=1e-6)
 
 
 def test_non_finite_weights_are_refused() -> None:
@@ -139,3 +151,16 @@ def test_non_finite_weights_are_refused() -> None:
     w[2, 7] = float("nan")
     with pytest.raises(ValueError, match="NaN"):
         decompose_matrix(w)
+
+
+def test_fast_path_errors_match_direct_computation() -> None:
+    gen = torch.Generator().manual_seed(9)
+    w = torch.randn(64, 768, generator=gen) * torch.rand(64, 1, generator=gen)
+    t = torch.randint(-1, 2, (16, 768), generator=gen).float()
+    w[:16] = t * to_fp16_scale(torch.rand(16, 1, generator=gen) + 0.01)  # exactly representable rows
+    fast = decompose_matrix(w)
+    slow = decompose_matrix(w, importance=torch.ones(768))  # weighted path: direct error sums
+    assert torch.equal(fast.codes, slow.codes) and torch.equal(fast.scales, slow.scales)
+    assert fast.rel_error == pytest.approx(slow.rel_error, rel=1e-5)
+    assert fast.absmean_rel_error == pytest.approx(slow.absmean_rel_error, rel=1e-4)
+    assert decompose_matrix(w[:16]).rel_error == 0.0
