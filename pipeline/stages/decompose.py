@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from pipeline.errors import InputError, IntegrityError
@@ -143,7 +144,7 @@ class _Probe:
 
 def _encode(
     name: str, weight: torch.Tensor, decision: TensorDecision, recipe: Recipe, device: torch.device
-) -> tuple[np.ndarray, TensorReport]:
+) -> tuple[npt.NDArray[np.uint8], TensorReport]:
     """Bytes in the decided type plus the tensor's report line."""
     shape = tuple(weight.shape)
     n_params = weight.numel()
@@ -179,10 +180,10 @@ def _encode(
     return raw, line
 
 
-def _write_tensor(handle: BinaryIO, name: str, raw: np.ndarray, expected_bytes: int) -> None:
+def _write_tensor(handle: BinaryIO, name: str, raw: npt.NDArray[np.uint8], expected_bytes: int) -> None:
     if raw.size != expected_bytes:
         raise IntegrityError(f"{name}: encoded {raw.size} bytes but the plan reserved {expected_bytes}")
-    handle.write(memoryview(np.ascontiguousarray(raw)))
+    handle.write(np.ascontiguousarray(raw).data)
 
 
 def _plan_entries(

@@ -55,7 +55,7 @@ def relative_error(w: torch.Tensor, w_hat: torch.Tensor) -> float:
     den = torch.linalg.vector_norm(w.to(torch.float32)).item()
     if den == 0.0:
         return 0.0 if num == 0.0 else float("inf")
-    return num / den
+    return float(num / den)
 
 
 def sparsity(codes: torch.Tensor) -> float:

@@ -116,7 +116,8 @@ def unpack_tq2_0(raw: npt.ArrayLike) -> tuple[npt.NDArray[np.int8], npt.NDArray[
 def _base3(q: npt.NDArray[np.uint8], powers: npt.NDArray[np.uint16]) -> npt.NDArray[np.uint8]:
     """Sum over axis -2 of trits × powers, then the ceil(v * 256 / 243) encoding."""
     v = (q.astype(np.uint16) * powers.reshape(-1, 1)).sum(axis=-2, dtype=np.uint16)
-    return ((v * 256 + 242) // 243).astype(np.uint8)
+    out: npt.NDArray[np.uint8] = ((v * 256 + 242) // 243).astype(np.uint8)
+    return out
 
 
 def pack_tq1_0(codes: npt.ArrayLike | torch.Tensor, scales: npt.ArrayLike | torch.Tensor) -> U8Array:
