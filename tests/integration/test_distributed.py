@@ -64,7 +64,8 @@ def test_twenty_jobs_on_two_workers_store_each_output_once(make_cluster, broker_
     assert len(job_ids) == 20
 
     statuses = cluster.wait_jobs_final(job_ids, timeout_s=300)
-    assert set(statuses.values()) == {"succeeded"}, [j.error_message for j in cluster.jobs() if j.error_message]
+    errors = [job.error_message for job in cluster.jobs() if job.error_message]
+    assert set(statuses.values()) == {"succeeded"}, errors
 
     runs = cluster.runs()
     succeeded = Counter(run.stage for run in runs if run.status == "succeeded")
@@ -110,7 +111,8 @@ def test_worker_lost_every_time_fails_with_reason(make_cluster, broker_url, tmp_
     (job_id,) = cluster.submit(str(source))
     for attempt in (1, 2):
         cluster.wait_for(
-            lambda a=attempt: any(r.attempt == a and r.status == "running" for r in cluster.runs(stage="decompose")),
+            lambda a=attempt: any(r.attempt == a and r.status == "running"
+                                  for r in cluster.runs(stage="decompose")),
             120, f"decompose attempt {attempt}",
         )
         run = next(r for r in cluster.runs(stage="decompose") if r.attempt == attempt)
@@ -124,8 +126,8 @@ def test_worker_lost_every_time_fails_with_reason(make_cluster, broker_url, tmp_
 
 def test_redis_restart_loses_no_job(make_cluster, demo_checkpoint, tmp_path: Path) -> None:
     port = _free_port()
-    redis_cmd = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                 "--dir", str(tmp_path)]
+    redis_cmd = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", str(tmp_path)]
     server = subprocess.Popen(redis_cmd, stdout=subprocess.DEVNULL)
     try:
         cluster = make_cluster(f"redis://127.0.0.1:{port}/0")

@@ -44,7 +44,8 @@ class Cluster:
     @property
     def env(self) -> dict[str, str]:
         env = {**os.environ, **FAST_CLOCKS, **self.extra_env}
-        env.update(BONSAI_HOME=str(self.home), BONSAI_DATABASE_URL=self.db_url, BONSAI_BROKER_URL=self.broker_url)
+        env.update(BONSAI_HOME=str(self.home), BONSAI_DATABASE_URL=self.db_url,
+                   BONSAI_BROKER_URL=self.broker_url)
         return env
 
     def bonsai(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
