@@ -1,0 +1,152 @@
+"""Orchestration in embedded mode (SQLite, in-process): retries, cache reuse, retry and cancel."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from pipeline.bootstrap import build_runtime
+from pipeline.db import repo
+from pipeline.db.models import Artifact, StageRun
+from pipeline.db.session import session_scope
+from pipeline.embedded import run_job
+from pipeline.errors import InputError, TransientError
+from pipeline.execution import Runtime
+from pipeline.job_control import cancel_job, read_manifest, retry_job
+from pipeline.settings import Settings
+from pipeline.states import JobState, StageName
+
+
+class FlakyHub:
+    """A hub that is always unreachable, or that names a repo it does not have."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.calls = 0
+
+    def resolve_revision(self, repo_id: str, revision: str | None) -> str:
+        self.calls += 1
+        raise self.error
+
+    def list_files_with_sha256(self, repo_id: str, commit_sha: str) -> list[object]:
+        raise self.error
+
+    def download_snapshot(self, repo_id: str, commit_sha: str) -> Path:
+        raise self.error
+
+
+def _runtime(tmp_path: Path, **clients: object) -> Runtime:
+    rt = build_runtime(Settings(home=tmp_path / "home", retry_base_s=0.01, max_attempts=3))
+    return Runtime(**{**rt.__dict__, "clients": clients or rt.clients})
+
+
+def _submit(rt: Runtime, source: str) -> int:
+    with session_scope(rt.sessions) as session:
+        return repo.create_job(session, source, "tq2_0").id
+
+
+def _runs(rt: Runtime, job_id: int) -> list[StageRun]:
+    with session_scope(rt.sessions) as session:
+        return list(session.scalars(select(StageRun).where(StageRun.job_id == job_id).order_by(StageRun.id)))
+
+
+def test_retryable_error_is_retried_with_backoff_then_fails(tmp_path: Path) -> None:
+    hub = FlakyHub(TransientError("hub answered 503 for acme/model"))
+    rt = _runtime(tmp_path, hub=hub)
+    job_id = _submit(rt, "acme/model@main")
+    assert run_job(rt, job_id) is JobState.FAILED
+    runs = _runs(rt, job_id)
+    expected = [("download", n, "retryable") for n in (1, 2, 3)]
+    assert [(r.stage, r.attempt, r.error_kind) for r in runs] == expected
+    with session_scope(rt.sessions) as session:
+        job = repo.get_job(session, job_id)
+        assert job.error_message.startswith("download failed after 3 attempts")
+        assert "503" in job.error_message
+
+
+def test_permanent_error_fails_at_once(tmp_path: Path) -> None:
+    hub = FlakyHub(InputError("repository acme/missing does not exist"))
+    rt = _runtime(tmp_path, hub=hub)
+    job_id = _submit(rt, "acme/missing@main")
+    assert run_job(rt, job_id) is JobState.FAILED
+    (run,) = _runs(rt, job_id)
+    assert run.error_kind == "permanent" and "acme/missing" in run.error_message
+
+
+def test_second_job_reuses_every_cached_stage(tmp_path: Path, demo_checkpoint: Path) -> None:
+    rt = _runtime(tmp_path)
+    first = _submit(rt, str(demo_checkpoint))
+    assert run_job(rt, first) is JobState.SUCCEEDED
+    second = _submit(rt, str(demo_checkpoint))
+    assert run_job(rt, second) is JobState.SUCCEEDED
+
+    first_runs = {r.stage: r for r in _runs(rt, first)}
+    second_runs = {r.stage: r for r in _runs(rt, second)}
+    assert second_runs["download"].status == "succeeded", "a local folder may change: always re-read"
+    for stage in ("checksum", "inspect", "decompose", "package", "validate"):
+        run = second_runs[stage]
+        assert run.status == "skipped-cached", stage
+        assert run.cached_from_id == first_runs[stage].id
+        assert run.cache_key == first_runs[stage].cache_key
+    with session_scope(rt.sessions) as session:
+        ggufs = session.scalars(select(Artifact).where(Artifact.kind == "gguf")).all()
+        assert len(ggufs) == 1
+
+
+def test_retry_from_a_stage_keeps_earlier_attempts_and_force_reruns(
+    tmp_path: Path, demo_checkpoint: Path
+) -> None:
+    rt = _runtime(tmp_path)
+    job_id = _submit(rt, str(demo_checkpoint))
+    assert run_job(rt, job_id) is JobState.SUCCEEDED
+    with session_scope(rt.sessions) as session:
+        new = retry_job(session, job_id, StageName.PACKAGE, force=True)
+    assert len(new) == 2
+    assert run_job(rt, job_id) is JobState.SUCCEEDED
+    runs = _runs(rt, job_id)
+    package = [r for r in runs if r.stage == "package"]
+    assert [(r.attempt, r.status) for r in package] == [(1, "succeeded"), (2, "succeeded")]
+    assert [r.stage for r in runs].count("download") == 1
+    assert package[1].metrics["tensor_count"] == package[0].metrics["tensor_count"]
+
+
+def test_retry_refuses_a_stage_whose_upstream_did_not_succeed(tmp_path: Path) -> None:
+    rt = _runtime(tmp_path)
+    job_id = _submit(rt, str(tmp_path / "missing"))
+    assert run_job(rt, job_id) is JobState.FAILED
+    with session_scope(rt.sessions) as session, pytest.raises(InputError, match="retry from download"):
+        retry_job(session, job_id, StageName.PACKAGE, force=False)
+
+
+def test_cancel_marks_unfinished_attempts(tmp_path: Path) -> None:
+    rt = _runtime(tmp_path)
+    job_id = _submit(rt, "anything")
+    with session_scope(rt.sessions) as session:
+        job = repo.get_job(session, job_id)
+        run = repo.new_attempt(session, job, StageName.DOWNLOAD)
+        run.task_id = "task-1"
+    with session_scope(rt.sessions) as session:
+        assert cancel_job(session, job_id) == ["task-1"]
+    assert run_job(rt, job_id) is JobState.CANCELLED
+    assert [r.status for r in _runs(rt, job_id)] == ["cancelled"]
+    with session_scope(rt.sessions) as session, pytest.raises(InputError, match="already cancelled"):
+        cancel_job(session, job_id)
+
+
+def test_manifest_forms_and_errors(tmp_path: Path) -> None:
+    good = tmp_path / "jobs.yaml"
+    good.write_text("jobs:\n  - ./a\n  - {source: org/b@main, recipe: tq1_0, priority: 3}\n")
+    requests = read_manifest(good, "tq2_0", 0)
+    parsed = [(r.source, r.recipe, r.priority) for r in requests]
+    assert parsed == [("./a", "tq2_0", 0), ("org/b@main", "tq1_0", 3)]
+    as_json = tmp_path / "jobs.json"
+    as_json.write_text(json.dumps([{"source": "x", "colour": "red"}]))
+    with pytest.raises(InputError, match=r"entry 1: unknown keys \['colour'\]"):
+        read_manifest(as_json, "tq2_0", 0)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("[]")
+    with pytest.raises(InputError, match="non-empty list"):
+        read_manifest(empty, "tq2_0", 0)
