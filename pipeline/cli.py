@@ -324,5 +324,149 @@ def db_upgrade(obj: CliContext) -> None:
     click.echo(f"database at {url} is up to date")
 
 
+def _artifact_sha(session: Any, artifact: str | None, job_id: int | None) -> str:
+    from pipeline.audit import job_gguf, resolve_artifact
+
+    if artifact is not None and job_id is not None:
+        _fail("give ARTIFACT or --job N, not both")
+    if artifact is None and job_id is None:
+        _fail("give ARTIFACT (a sha256 or a unique prefix of one) or --job N (that job's GGUF)")
+    return (resolve_artifact(session, artifact) if artifact else job_gguf(session, job_id)).sha256  # type: ignore[arg-type]
+
+
+@cli.command()
+@click.argument("artifact", required=False)
+@click.option("--job", "job_id", type=int, default=None, help="Audit this job's GGUF.")
+@click.option("--no-rehash", is_flag=True, help="Check the records only; do not re-read the files.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@_guard
+def audit(obj: CliContext, artifact: str | None, job_id: int | None, no_rehash: bool, as_json: bool) -> None:
+    """Re-hash ARTIFACT and its whole input chain and check every provenance link; exit 1 when broken.
+
+    Signatures are checked too when BONSAI_SIGNING_PUBLIC_KEY (or BONSAI_SIGNING_KEY) is set.
+    """
+    from pipeline.audit import audit_artifact
+    from pipeline.db.session import session_scope
+    from pipeline.signing import configured_public_key
+
+    rt = obj.runtime()
+    key = configured_public_key(obj.settings.signing_public_key, obj.settings.signing_key)
+    with session_scope(rt.sessions) as session:
+        sha256 = _artifact_sha(session, artifact, job_id)
+        report = audit_artifact(session, rt.store, sha256, rehash=not no_rehash, public_key=key)
+    if as_json:
+        _echo_json(report.as_dict())
+    elif report.is_ok:
+        signed = (f"{report.signatures['valid']} signature(s) valid" if key is not None
+                  else "signatures not checked (no public key configured)")
+        checked = f"{report.rehashed_bytes:,} bytes re-hashed" if report.is_rehashed else "records only"
+        click.echo(f"ok: {report.name} {sha256[:12]}: {len(report.nodes)} artifacts, {report.statements} "
+                   f"statements, {checked} in {report.elapsed_s:.2f}s; {signed}")
+    if not report.is_ok:
+        more = len(report.problems) - 1
+        click.echo(f"audit failed: {report.problems[0].message}"
+                   + (f" ({more} more problem(s); --json lists them)" if more else ""), err=True)
+        sys.exit(1)
+
+
+@cli.command("provenance")
+@click.argument("artifact", required=False)
+@click.option("--job", "job_id", type=int, default=None, help="This job's GGUF.")
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False),
+              help="Write .intoto.json files (and .dsse.json envelopes) here instead of printing JSON.")
+@click.option("--chain/--no-chain", default=True, show_default=True,
+              help="Include the statements of every input down to the source files.")
+@click.pass_obj
+@_guard
+def provenance_cmd(obj: CliContext, artifact: str | None, job_id: int | None, out: Path | None,
+                   chain: bool) -> None:
+    """Export the in-toto provenance statements of ARTIFACT (and of its inputs)."""
+    from pipeline.audit import chain_statements, export_statements
+    from pipeline.db.session import session_scope
+
+    rt = obj.runtime()
+    with session_scope(rt.sessions) as session:
+        sha256 = _artifact_sha(session, artifact, job_id)
+        items = chain_statements(session, rt.store, sha256, is_chain=chain)
+    if out is None:
+        _echo_json(items)
+        return
+    paths = export_statements(items, out)
+    click.echo(f"{len(items)} statement(s) written to {out} ({len(paths)} files)")
+
+
+@cli.command()
+@click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Private key file (default: BONSAI_SIGNING_KEY, else <home>/keys/signing.pem).")
+@click.pass_obj
+@_guard
+def keygen(obj: CliContext, out: Path | None) -> None:
+    """Make an Ed25519 key pair for signing provenance statements (never overwrites a key)."""
+    from pipeline.signing import generate_key, key_id, load_public_key
+
+    private_path, public_path = generate_key(out or obj.settings.signing_key
+                                             or obj.settings.home / "keys" / "signing.pem")
+    click.echo(f"private key {private_path} (mode 0600), public key {public_path}")
+    click.echo(f"key id {key_id(load_public_key(public_path))}")
+    click.echo(f"sign with BONSAI_SIGNING_KEY={private_path.resolve()}; "
+               f"verify elsewhere with BONSAI_SIGNING_PUBLIC_KEY={public_path.resolve()}")
+
+
+@cli.command()
+@click.option("--job", "job_id", type=int, default=None, help="Only this job's statements (default: all).")
+@click.pass_obj
+@_guard
+def sign(obj: CliContext, job_id: int | None) -> None:
+    """Sign stored provenance statements not yet signed by BONSAI_SIGNING_KEY (DSSE envelopes)."""
+    from pipeline.db.session import session_scope
+    from pipeline.signing import load_private_key, sign_pending
+
+    if obj.settings.signing_key is None:
+        _fail("set BONSAI_SIGNING_KEY to a private key file (make one with `bonsai keygen`)")
+    key = load_private_key(obj.settings.signing_key)  # type: ignore[arg-type]
+    rt = obj.runtime()
+    with session_scope(rt.sessions) as session:
+        count = sign_pending(session, rt.store, key, job_id)
+    click.echo(f"{count} statement(s) signed")
+
+
+@cli.command("api-token")
+@click.argument("name")
+@click.option("--scope", "scopes", multiple=True, type=click.Choice(["read", "submit"]), default=("read",),
+              show_default=True, help="Repeatable; submit also allows reading.")
+def api_token(name: str, scopes: tuple[str, ...]) -> None:
+    """Make an API token: prints the token (shown once) and its BONSAI_API_TOKENS entry (a hash)."""
+    from pipeline.api.auth import new_token
+
+    if not name.replace("-", "").replace("_", "").isalnum():
+        _fail(f"token name {name!r}: use letters, digits, '-' and '_'")
+    token, entry = new_token(name, scopes)
+    click.echo(f"token: {token}")
+    click.echo(f"entry: {entry}")
+    click.echo("add the entry to BONSAI_API_TOKENS (comma-separated); the token itself is not stored",
+               err=True)
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.pass_obj
+@_guard
+def serve(obj: CliContext, host: str, port: int) -> None:
+    """Run the HTTP API and the web page (embedded mode runs submitted jobs in this process)."""
+    from pipeline.api.auth import parse_tokens
+
+    if not parse_tokens(obj.settings.api_tokens):
+        _fail("no API tokens configured: set BONSAI_API_TOKENS (make an entry with `bonsai api-token NAME`)")
+    if not obj.settings.is_embedded:
+        _export_settings(obj.settings)
+    import uvicorn
+
+    from pipeline.api.app import create_app
+
+    uvicorn.run(create_app(obj.settings, obj.runtime()), host=host, port=port, log_level="info")
+
+
 def main() -> None:
     cli(prog_name="bonsai")
