@@ -1,0 +1,43 @@
+"""API token configuration: hashed entries, scopes, and the errors that name a bad entry."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.api.auth import ApiToken, hash_token, new_token, parse_tokens
+from pipeline.errors import InputError
+
+
+def test_new_token_entry_holds_only_the_hash() -> None:
+    token, entry = new_token("ci", ("submit", "read"))
+    name, scopes, digest = entry.split(":")
+    assert (name, scopes) == ("ci", "read+submit")
+    assert digest == hash_token(token)
+    assert token not in entry
+    [parsed] = parse_tokens(entry)
+    assert parsed == ApiToken("ci", frozenset({"read", "submit"}), digest)
+
+
+def test_scopes_and_submit_implies_read() -> None:
+    reader, submitter = parse_tokens(f" dash:read:{'a' * 64} , ci:submit:{'B' * 64},")
+    assert reader.allows("read") and not reader.allows("submit")
+    assert submitter.allows("submit") and submitter.allows("read")
+    assert submitter.sha256 == "b" * 64  # hex is normalised to lowercase
+
+
+def test_empty_setting_means_no_tokens() -> None:
+    assert parse_tokens("") == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("justatoken", "entry 1 must look like name:scopes:sha256hex"),
+        (f"ok:read:{'a' * 64},bad:admin:{'a' * 64}", r"entry 2 \(bad\): scopes 'admin'"),
+        ("dash:read:bonsai_plaintext-token", "never the token itself"),
+        (f":read:{'a' * 64}", "entry 1 .no name."),
+    ],
+)
+def test_bad_entries_are_named(spec: str, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        parse_tokens(spec)
