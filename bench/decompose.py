@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import resource
 import shutil
@@ -246,7 +247,7 @@ def _bench_size(size: str, root: Path, with_llama: bool) -> dict[str, Any]:
     card = model_card(ckpt)
     card_path = root / f"card-{size}.json"
     card_path.write_text(json.dumps(card))
-    n_params = sum(int(__import__("math").prod(t["shape"])) for t in card["tensors"])
+    n_params = sum(int(math.prod(t["shape"])) for t in card["tensors"])
     out: dict[str, Any] = {"size": size, "n_params": n_params}
     ours = _run_child("ours", str(ckpt), str(card_path), str(root / f"ours-{size}"))
     out["ours"] = ours | gguf_error(Path(ours["gguf"]), card, ckpt)
@@ -262,7 +263,8 @@ def _bench_size(size: str, root: Path, with_llama: bool) -> dict[str, Any]:
 def _print_table(first: dict[str, Any], second: dict[str, Any] | None) -> None:
     ours, llama = first["ours"], first.get("llama")
     rows = [("wall time (s)", "total_s", "{:.2f}"), ("peak RSS (MB)", "peak_rss_bytes", "{:.0f}"),
-            ("rel. error, linear weights", "rel_error", "{:.4f}"), ("bpw, linear weights", "linear_bpw", "{:.4f}"),
+            ("rel. error, linear weights", "rel_error", "{:.4f}"),
+            ("bpw, linear weights", "linear_bpw", "{:.4f}"),
             ("bpw, whole file", "file_bpw", "{:.4f}"), ("file size (MB)", "size_bytes", "{:.1f}")]
     print(f"checkpoint {first['size']}: {first['n_params'] / 1e6:.0f}M parameters, Gaussian bf16")
     print(f"{'':28s} {'ours (decompose+package)':>26s} {'llama.cpp (quantize)':>22s}")
@@ -271,7 +273,8 @@ def _print_table(first: dict[str, Any], second: dict[str, Any] | None) -> None:
         a = fmt.format(ours[key] / scale)
         b = fmt.format(llama[key] / scale) if llama else "-"
         print(f"{label:28s} {a:>26s} {b:>22s}")
-    print(f"{'tensor types':28s} {json.dumps(ours['types']):>26s} {json.dumps(llama['types']) if llama else '-':>22s}")
+    llama_types = json.dumps(llama["types"]) if llama else "-"
+    print(f"{'tensor types':28s} {json.dumps(ours['types']):>26s} {llama_types:>22s}")
     print(f"ours: decompose {ours['decompose_s']:.2f} s on {ours['device']}, "
           f"{first['n_params'] / ours['decompose_s'] / 1e6:.1f} M params/s")
     if second:
@@ -281,7 +284,9 @@ def _print_table(first: dict[str, Any], second: dict[str, Any] | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", default="0.5b,2b", help="comparison size, then the memory-check size")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
