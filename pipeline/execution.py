@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from pipeline import provenance
@@ -173,6 +174,8 @@ def _claim(rt: Runtime, run_id: int, use_cache: bool) -> _Claimed | StageState:
             params = module.make_params(JobSpec(job.source, job.recipe, job.params))
             inputs = gather_inputs(session, rt.store, job, stage)
             key = _cache_key_for(module, stage, params, inputs, rt.clients)
+        except SQLAlchemyError:
+            raise  # the database itself failed: nothing can be recorded; the reconciler retries
         except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded outcome
             if repo.claim_run(session, run_id, rt.worker_host):
                 session.refresh(run)
@@ -325,12 +328,21 @@ def _note_revision(run: StageRun, metrics: Mapping[str, Any]) -> None:
         run.job.resolved_revision = str(metrics["resolved_revision"])
 
 
+def _error_kind(exc: BaseException) -> str:
+    # A dropped database connection says nothing about the stage: another attempt may succeed.
+    if isinstance(exc, OperationalError | InterfaceError) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated
+    ):
+        return "retryable"
+    return error_kind(exc)
+
+
 def _record_failure(session: Session, run: StageRun, exc: BaseException) -> None:
     repo.set_stage_state(
         session,
         run,
         StageState.FAILED,
-        error_kind=error_kind(exc),
+        error_kind=_error_kind(exc),
         error_message=f"{type(exc).__name__}: {exc}",
         error_traceback="".join(traceback.format_exception(exc))[-20000:],
     )

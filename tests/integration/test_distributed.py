@@ -168,7 +168,8 @@ def test_postgres_connection_drops_are_survived(make_cluster, broker_url, demo_c
             "pg_backend_pid()", (database,),
         ).fetchone()
     assert dropped and dropped[0] >= 1
-    assert cluster.wait_jobs_final([job_id], timeout_s=240) == {job_id: "succeeded"}
+    statuses = cluster.wait_jobs_final([job_id], timeout_s=240)
+    assert statuses == {job_id: "succeeded"}, [(r.stage, r.attempt, r.error_message) for r in cluster.runs()]
 
 
 def test_retry_from_package_reuses_upstream(make_cluster, broker_url, demo_checkpoint) -> None:
