@@ -1,0 +1,196 @@
+"""The HTTP API in process (FastAPI's TestClient) on the real PostgreSQL server, embedded mode.
+
+Jobs are real: a folder holding a config and a note runs download and checksum for real,
+then stops at inspect (no weights), in well under a second, through the API's own
+background runner.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from pipeline.api.app import create_app
+from pipeline.api.auth import new_token
+from pipeline.bootstrap import build_runtime, migrate_database
+from pipeline.settings import Settings
+
+pytestmark = pytest.mark.services
+
+READ_TOKEN, READ_ENTRY = new_token("dashboard", ("read",))
+SUBMIT_TOKEN, SUBMIT_ENTRY = new_token("ci", ("submit",))
+
+
+@dataclass
+class Api:
+    client: TestClient
+    app: Any
+    source: Path
+
+    def get(self, path: str, token: str = READ_TOKEN) -> Any:
+        return self.client.get(path, headers={"Authorization": f"Bearer {token}"})
+
+    def post(self, path: str, body: Any = None, token: str = SUBMIT_TOKEN) -> Any:
+        return self.client.post(path, json=body, headers={"Authorization": f"Bearer {token}"})
+
+    def submit_and_wait(self) -> dict[str, Any]:
+        response = self.post("/api/jobs", {"source": str(self.source), "options": {"method": "absmean"}})
+        assert response.status_code == 201, response.text
+        [job_id] = response.json()["job_ids"]
+        self.app.state.runner.wait(job_id, timeout_s=60)
+        detail = self.get(f"/api/jobs/{job_id}").json()
+        assert detail["status"] == "failed", detail
+        return detail  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def api(pg_url: str, tmp_path: Path) -> Iterator[Api]:
+    source = tmp_path / "checkpoint"
+    source.mkdir()
+    (source / "config.json").write_text('{"model_type": "llama"}\n')
+    (source / "notes.txt").write_text("no weights here\n")
+    settings = Settings(
+        home=tmp_path / "home", database_url=pg_url, api_tokens=f"{READ_ENTRY},{SUBMIT_ENTRY}"
+    )
+    migrate_database(settings)
+    app = create_app(settings, build_runtime(settings))
+    with TestClient(app) as client:
+        yield Api(client, app, source)
+
+
+def _concrete(path: str) -> str:
+    return path.replace("{job_id}", "1").replace("{ref}", "a" * 64)
+
+
+def test_every_data_route_refuses_missing_and_unknown_tokens(api: Api) -> None:
+    # The schema lists every API route (the page's static files are the only ones left out).
+    routes = [(m.upper(), path) for path, item in api.app.openapi()["paths"].items() for m in item]
+    routes.append(("GET", "/openapi.json"))
+    assert len(routes) >= 10
+    for method, path in routes:
+        bare = api.client.request(method, _concrete(path))
+        assert bare.status_code == 401, (method, path, bare.text)
+        assert bare.headers["WWW-Authenticate"].startswith("Bearer")
+        wrong = api.client.request(method, _concrete(path), headers={"Authorization": "Bearer bonsai_nope"})
+        assert wrong.status_code == 401, (method, path)
+        basic = api.client.request(method, _concrete(path), headers={"Authorization": f"Basic {READ_TOKEN}"})
+        assert basic.status_code == 401, (method, path)
+
+
+def test_read_token_cannot_change_jobs_but_submit_token_can_read(api: Api) -> None:
+    for path, body in [
+        ("/api/jobs", {"source": str(api.source)}),
+        ("/api/jobs/1/retry", {}),
+        ("/api/jobs/1/cancel", None),
+    ]:
+        response = api.post(path, body, token=READ_TOKEN)
+        assert response.status_code == 403, path
+        assert response.json()["detail"] == "token 'dashboard' lacks the 'submit' scope"
+    assert api.get("/api/jobs").json() == [], "nothing was recorded by the refused submission"
+    assert api.get("/api/jobs", token=SUBMIT_TOKEN).status_code == 200
+
+
+def test_submit_list_detail_retry_and_cancel(api: Api) -> None:
+    detail = api.submit_and_wait()
+    job_id = detail["id"]
+
+    assert detail["submitted_by"] == "api:ci"
+    assert [(r["stage"], r["status"]) for r in detail["stages"]] == [
+        ("download", "succeeded"),
+        ("checksum", "succeeded"),
+        ("inspect", "failed"),
+    ]
+    assert "no .safetensors weights" in detail["error_message"]
+    assert all("path" not in out for run in detail["stages"] for out in run["outputs"]), "no server paths"
+
+    assert [j["id"] for j in api.get("/api/jobs?status=failed&recipe=tq2_0").json()] == [job_id]
+    assert api.get("/api/jobs?status=succeeded").json() == []
+    assert [j["id"] for j in api.get(f"/api/jobs?source={api.source.name}").json()] == [job_id]
+    assert api.get("/api/jobs?source=elsewhere").json() == []
+    assert api.get("/api/jobs?status=bogus").status_code == 422
+    assert api.get("/api/jobs/999").status_code == 404
+
+    retried = api.post(f"/api/jobs/{job_id}/retry", {"from_stage": "inspect"})
+    assert retried.status_code == 200, retried.text
+    assert len(retried.json()["run_ids"]) == 4  # inspect and the three stages after it
+    api.app.state.runner.wait(job_id, timeout_s=60)
+    attempts = [
+        (r["stage"], r["attempt"], r["status"]) for r in api.get(f"/api/jobs/{job_id}").json()["stages"]
+    ]
+    assert ("inspect", 1, "failed") in attempts and ("inspect", 2, "failed") in attempts
+
+    refused = api.post(f"/api/jobs/{job_id}/cancel")
+    assert refused.status_code == 400 and "already failed" in refused.json()["detail"]
+    assert api.post("/api/jobs/999/cancel").status_code == 404
+
+
+def test_submission_is_checked_before_anything_is_recorded(api: Api) -> None:
+    secret = api.post("/api/jobs", {"source": str(api.source), "options": {"hf_token": "hf_x"}})
+    assert secret.status_code == 422 and "BONSAI_HF_TOKEN" in secret.text
+    recipe = api.post("/api/jobs", {"source": str(api.source), "recipe": "int4"})
+    assert recipe.status_code == 400 and "unknown recipe 'int4'" in recipe.json()["detail"]
+    assert api.post("/api/jobs", {"sources": []}).status_code == 422
+    assert api.get("/api/jobs").json() == []
+
+
+def test_artifact_download_provenance_and_chain(api: Api) -> None:
+    detail = api.submit_and_wait()
+    manifest = next(o for o in detail["stages"][1]["outputs"] if o["name"] == "manifest.json")
+
+    download = api.get(f"/api/artifacts/{manifest['sha256'][:12]}/download")
+    assert download.status_code == 200
+    assert hashlib.sha256(download.content).hexdigest() == manifest["sha256"]
+    assert download.headers["content-type"].startswith("application/json")
+    assert 'filename="manifest.json"' in download.headers["content-disposition"]
+
+    record = api.get(f"/api/artifacts/{manifest['sha256']}").json()
+    assert record["kind"] == "manifest" and record["size_bytes"] == manifest["size_bytes"]
+    assert [(link["stage"], link["direction"], link["name"]) for link in record["links"]] == [
+        ("checksum", "out", "manifest.json")
+    ]
+
+    statements = api.get(f"/api/artifacts/{manifest['sha256']}/provenance").json()["statements"]
+    assert len(statements) == 1 and statements[0]["envelopes"] == []
+    deps = statements[0]["statement"]["predicate"]["buildDefinition"]["resolvedDependencies"]
+    assert [d["name"] for d in deps] == ["download/config.json", "download/notes.txt"]
+
+    chain = api.get(f"/api/artifacts/{manifest['sha256']}/chain?verify=true").json()
+    assert chain["ok"] and chain["rehashed"] and chain["artifacts"] == 3
+    assert api.get("/api/artifacts/0123456789/download").status_code == 404
+
+
+def test_metrics_come_from_the_database(api: Api) -> None:
+    api.submit_and_wait()
+    text = api.get("/metrics").text
+
+    for line in [
+        'bonsai_jobs{status="failed"} 1.0',
+        'bonsai_jobs{status="succeeded"} 0.0',
+        'bonsai_stage_runs{stage="download",status="succeeded"} 1.0',
+        'bonsai_stage_duration_seconds_count{stage="checksum",status="succeeded"} 1.0',
+        'bonsai_stage_duration_seconds_bucket{le="+Inf",stage="inspect",status="failed"} 1.0',
+        'bonsai_queue_depth{queue="io"} 0.0',
+        'bonsai_queue_depth{queue="gpu"} 0.0',
+        'bonsai_stage_failures_total{error_kind="permanent",stage="inspect"} 1.0',
+    ]:
+        assert line in text, line
+
+
+def test_openapi_and_the_web_page(api: Api) -> None:
+    schema = api.get("/openapi.json").json()
+    assert {"/api/jobs", "/api/jobs/{job_id}/retry", "/api/artifacts/{ref}/download", "/metrics"} <= set(
+        schema["paths"]
+    )
+    assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+
+    page = api.client.get("/")
+    assert page.status_code == 200 and "<title>Bonsai Pipeline</title>" in page.text
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+    assert api.client.get("/web/app.js").status_code == 200
+    assert api.client.get("/docs").status_code == 404, "no Swagger UI: its assets would come from a CDN"
