@@ -39,8 +39,13 @@ class Demo:
         for name in ("BONSAI_BROKER_URL", "BONSAI_SIGNING_KEY", "BONSAI_SIGNING_PUBLIC_KEY"):
             if name not in env:
                 full_env.pop(name, None)
-        return subprocess.run([sys.executable, "-m", "pipeline", *args], env=full_env, capture_output=True,
-                              text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "pipeline", *args],
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     def show(self, job_id: int = 1) -> dict[str, Any]:
         result = self.bonsai("show", str(job_id), "--json")
@@ -109,8 +114,14 @@ def test_clean_chain_verifies_from_the_gguf_down_to_the_downloads(demo: Demo) ->
     report = json.loads(result.stdout)
     assert report["ok"] and report["problems"] == [] and report["first_problem"] is None
     names = {node["name"] for node in report["nodes"]}
-    assert {"package/model.gguf", "decompose/ternary/part-00001.safetensors", "inspect/model_card.json",
-            "checksum/manifest.json", "download/config.json", "download/model.safetensors"} <= names
+    assert {
+        "package/model.gguf",
+        "decompose/ternary/part-00001.safetensors",
+        "inspect/model_card.json",
+        "checksum/manifest.json",
+        "download/config.json",
+        "download/model.safetensors",
+    } <= names
     sources = [n for n in report["nodes"] if n["name"].startswith("download/")]
     assert sources and all(n["inputs"] == [] for n in sources)
     assert report["rehashed_bytes"] >= gguf["size_bytes"]

@@ -60,8 +60,13 @@ def chain(pg_url: str, tmp_path: Path) -> Chain:
             select(RunArtifact.artifact_sha256).where(RunArtifact.name == "manifest.json")
         )
     assert manifest is not None
-    return Chain(rt, job_id, manifest, _sha((source / "config.json").read_bytes()),
-                 _sha((source / "notes.txt").read_bytes()))
+    return Chain(
+        rt,
+        job_id,
+        manifest,
+        _sha((source / "config.json").read_bytes()),
+        _sha((source / "notes.txt").read_bytes()),
+    )
 
 
 def _audit(chain: Chain, **options: object):  # type: ignore[no-untyped-def]
@@ -136,8 +141,9 @@ def test_statement_inputs_must_equal_the_runs_recorded_inputs(chain: Chain) -> N
 
 
 def test_input_link_missing_from_the_statement_is_named(chain: Chain) -> None:
-    _edit_statement(chain, chain.manifest, lambda s: s["predicate"]["buildDefinition"]
-                    ["resolvedDependencies"].pop())
+    _edit_statement(
+        chain, chain.manifest, lambda s: s["predicate"]["buildDefinition"]["resolvedDependencies"].pop()
+    )
     report = _audit(chain)
     assert report.problems[0].kind == "inputs-mismatch"
     assert "recorded input download/notes.txt" in report.problems[0].message
@@ -169,8 +175,11 @@ def test_signed_chain_verifies_and_edited_statement_is_caught(chain: Chain, tmp_
     report = _audit(chain, public_key=public)
     assert report.is_ok and report.signatures == {"valid": 3, "unsigned": 0, "bad": 0}
 
-    _edit_statement(chain, chain.manifest, lambda s: s["predicate"]["buildDefinition"]
-                    ["externalParameters"].update(recipe="tq1_0"))
+    _edit_statement(
+        chain,
+        chain.manifest,
+        lambda s: s["predicate"]["buildDefinition"]["externalParameters"].update(recipe="tq1_0"),
+    )
     first = _audit(chain, public_key=public).problems[0]
     assert first.kind == "bad-signature"
     assert "differs from the signed one" in first.message
@@ -194,11 +203,13 @@ def test_artifact_references_and_statement_export(chain: Chain, tmp_path: Path) 
 
     written = export_statements(items, tmp_path / "export")
 
-    assert sorted(p.name for p in written) == sorted([
-        f"checksum.manifest.json.{chain.manifest[:12]}.run2.intoto.json",
-        f"download.config.json.{chain.config[:12]}.run1.intoto.json",
-        f"download.notes.txt.{chain.notes[:12]}.run1.intoto.json",
-    ])
+    assert sorted(p.name for p in written) == sorted(
+        [
+            f"checksum.manifest.json.{chain.manifest[:12]}.run2.intoto.json",
+            f"download.config.json.{chain.config[:12]}.run1.intoto.json",
+            f"download.notes.txt.{chain.notes[:12]}.run1.intoto.json",
+        ]
+    )
     exported = json.loads(written[0].read_text())
     assert exported["_type"] == "https://in-toto.io/Statement/v1"
     assert exported["subject"][0]["digest"]["sha256"] in {chain.manifest, chain.config, chain.notes}
