@@ -301,7 +301,7 @@ def _record_success(
     external = {
         **spec,
         "resolved_revision": run.job.resolved_revision,
-        "stage_parameters": dataclasses.asdict(params) if dataclasses.is_dataclass(params) else {},
+        "stage_parameters": _plain(params),
     }
     for name, item in inputs.items():
         stored = repo.record_artifact(session, item.sha256, item.size_bytes, rt.store.uri(item.sha256),
@@ -349,4 +349,5 @@ def _record_failure(session: Session, run: StageRun, exc: BaseException) -> None
 
 
 def _jsonable(metrics: Mapping[str, Any]) -> dict[str, Any]:
-    return json.loads(json.dumps(dict(metrics), default=str))
+    plain: dict[str, Any] = json.loads(json.dumps(dict(metrics), default=str))
+    return plain

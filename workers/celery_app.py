@@ -9,7 +9,7 @@ delivery from making a second attempt.
 from __future__ import annotations
 
 from celery import Celery
-from kombu import Queue
+from kombu import Queue  # type: ignore[attr-defined]
 
 from pipeline.settings import Settings
 from pipeline.states import StageName
@@ -48,7 +48,7 @@ def task_name(stage: StageName) -> str:
 def make_app(settings: Settings) -> Celery:
     app = Celery("bonsai", broker=settings.broker_url or "redis://127.0.0.1:6379/0")
     app.conf.update(
-        task_queues=[Queue(name) for name in QUEUES],
+        task_queues=[Queue(name) for name in QUEUES],  # type: ignore[no-untyped-call]
         task_routes={task_name(stage): {"queue": queue} for stage, queue in QUEUE_OF.items()},
         task_ignore_result=True,
         result_backend=None,

@@ -152,11 +152,10 @@ def record_artifact(
     artifact = session.get(Artifact, sha256)
     if artifact is not None:
         return artifact
+    from sqlalchemy.dialects import postgresql, sqlite
+
     dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     session.execute(
         insert(Artifact)
         .values(sha256=sha256, size_bytes=size_bytes, uri=uri, kind=kind, media_type=media_type,
