@@ -169,16 +169,31 @@ def _css(driver: Any, selector: str) -> list[Any]:
     return driver.find_elements(By.CSS_SELECTOR, selector)  # type: ignore[no-any-return]
 
 
-def test_page_lists_the_job_and_shows_its_stages_sparsity_and_provenance(
+def test_user_logs_in_and_browses_a_converted_job(
     server: Server, browser: Any, demo_checkpoint: Path, tmp_path: Path
 ) -> None:
     # A real conversion by the CLI, into the database the running server reads.
     convert = server.bonsai("convert", str(demo_checkpoint))
     assert convert.returncode == 0, convert.stdout + convert.stderr
+
+    # Without a token the page asks for one, and says so when the server refuses it.
+    browser.get(server.base)
+    _wait(browser, lambda d: _css(d, "#login")[0].is_displayed(), "login box")
+    assert not _css(browser, "#app")[0].is_displayed()
+    _css(browser, "#token-input")[0].send_keys("bonsai_wrong")
+    _css(browser, "#login-form button")[0].click()
+    _wait(browser, lambda d: "refused" in _css(d, "#login-error")[0].text, "refusal message")
+    _css(browser, "#token-input")[0].send_keys(READ_TOKEN)
+    _css(browser, "#login-form button")[0].click()
+    _wait(browser, lambda d: _css(d, '#jobs tbody tr[data-job-id="1"]'), "job list after login")
+    assert browser.execute_script("return sessionStorage.getItem('bonsai.token')") == READ_TOKEN
+
+    # A `?token=` link works too, and the token leaves the address bar.
+    browser.execute_script("sessionStorage.clear()")
     browser.get(f"{server.base}/?token={READ_TOKEN}")
     row = _wait(browser, lambda d: next(iter(_css(d, '#jobs tbody tr[data-job-id="1"]')), None), "job 1 row")
     assert "succeeded" in row.text and "100%" in row.text
-    assert "token=" not in browser.current_url, "the token is dropped from the address bar"
+    assert "token=" not in browser.current_url
 
     row.click()
     _wait(browser, lambda d: len(_css(d, "#timeline .attempt")) == 6, "six stage attempts")
@@ -189,8 +204,7 @@ def test_page_lists_the_job_and_shows_its_stages_sparsity_and_provenance(
     assert attempts == [
         (s, "succeeded") for s in ("download", "checksum", "inspect", "decompose", "package", "validate")
     ]
-    verdict = _css(browser, "#validation .verdict")[0].text
-    assert verdict in ("pass", "warn")
+    assert _css(browser, "#validation .verdict")[0].text in ("pass", "warn")
 
     layers = _wait(browser, lambda d: _css(d, "#sparsity svg rect.layer") or None, "sparsity bars")
     assert [bar.get_attribute("data-layer") for bar in layers] == ["0", "1"]
@@ -209,20 +223,3 @@ def test_page_lists_the_job_and_shows_its_stages_sparsity_and_provenance(
     shots = Path(os.environ.get("BONSAI_TEST_SCREENSHOT_DIR", tmp_path))
     shots.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(shots / "web-job.png"))
-
-
-def test_login_box_refuses_a_wrong_token_and_accepts_a_good_one(server: Server, browser: Any) -> None:
-    browser.get(server.base)
-    _wait(browser, lambda d: _css(d, "#login")[0].is_displayed(), "login box")
-    assert not _css(browser, "#app")[0].is_displayed()
-
-    field = _css(browser, "#token-input")[0]
-    field.send_keys("bonsai_wrong")
-    _css(browser, "#login-form button")[0].click()
-    _wait(browser, lambda d: "refused" in _css(d, "#login-error")[0].text, "refusal message")
-
-    _css(browser, "#token-input")[0].send_keys(READ_TOKEN)
-    _css(browser, "#login-form button")[0].click()
-    _wait(browser, lambda d: _css(d, "#jobs-empty")[0].is_displayed(), "the (empty) job list after login")
-    stored = browser.execute_script("return sessionStorage.getItem('bonsai.token')")
-    assert stored == READ_TOKEN
