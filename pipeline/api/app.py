@@ -8,6 +8,7 @@ anything from outside this machine (no Swagger UI, whose assets come from a CDN)
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,7 +20,7 @@ from fastapi.staticfiles import StaticFiles
 
 from pipeline import __version__
 from pipeline.api import artifacts, jobs
-from pipeline.api.auth import ApiToken, parse_tokens, require_scope
+from pipeline.api.auth import ApiToken, TokenRedactingFilter, parse_tokens, require_scope
 from pipeline.api.metrics import make_registry, render_metrics
 from pipeline.api.runner import JobRunner
 from pipeline.errors import InputError, PipelineError
@@ -52,6 +53,10 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # Here, not at import: the server has configured its loggers by the time the app starts.
+        access = logging.getLogger("uvicorn.access")
+        if not any(isinstance(f, TokenRedactingFilter) for f in access.filters):
+            access.addFilter(TokenRedactingFilter())
         yield
         runner.shutdown()
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
+import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,11 +25,22 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from pipeline.errors import InputError
 
-__all__ = ["ApiToken", "SCOPES", "hash_token", "new_token", "parse_tokens", "require_scope"]
+__all__ = [
+    "ApiToken",
+    "SCOPES",
+    "hash_token",
+    "new_token",
+    "parse_tokens",
+    "require_scope",
+    "redact_token_query",
+    "TokenRedactingFilter",
+]
 
 SCOPES = ("read", "submit")
 # What each scope also grants.
 _IMPLIED = {"submit": {"read"}}
+
+_TOKEN_QUERY = re.compile(r"([?&]token=)[^&#\s]*", re.IGNORECASE)
 
 _bearer = HTTPBearer(auto_error=False, description="A token from `bonsai api-token NAME`.")
 
@@ -120,3 +133,17 @@ def require_scope(scope: str) -> Callable[..., ApiToken]:
         return token
 
     return check
+
+
+def redact_token_query(text: str) -> str:
+    """`text` with the value of any `token=` query parameter replaced by `***`."""
+    return _TOKEN_QUERY.sub(r"\1***", text)
+
+
+class TokenRedactingFilter(logging.Filter):
+    """Keeps a page link's `?token=` out of access logs (uvicorn logs the full request path)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact_token_query(a) if isinstance(a, str) else a for a in record.args)
+        return True

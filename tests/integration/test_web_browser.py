@@ -220,6 +220,16 @@ def test_user_logs_in_and_browses_a_converted_job(
     names = [n.get_attribute("data-name") for n in _css(browser, "#chain .node")]
     assert names[0] == "package/model.gguf"
     assert {"download/config.json", "checksum/manifest.json", "decompose/report.json"} <= set(names)
+    log = (tmp_path / "serve.log").read_text()
+    assert "GET /?token=*** " in log and READ_TOKEN not in log, "the page link's token stays out of the log"
+
+    # A fragment token never reaches the server at all, and opens the job named beside it.
+    browser.execute_script("sessionStorage.clear()")
+    browser.get("about:blank")
+    browser.get(f"{server.base}/#token={READ_TOKEN}&job=1")
+    _wait(browser, lambda d: len(_css(d, "#timeline .attempt")) == 6, "job 1 from the fragment")
+    assert browser.current_url.endswith("#job=1")
+
     shots = Path(os.environ.get("BONSAI_TEST_SCREENSHOT_DIR", tmp_path))
     shots.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(shots / "web-job.png"))

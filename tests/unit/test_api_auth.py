@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
-from pipeline.api.auth import ApiToken, hash_token, new_token, parse_tokens
+from pipeline.api.auth import (
+    ApiToken,
+    TokenRedactingFilter,
+    hash_token,
+    new_token,
+    parse_tokens,
+    redact_token_query,
+)
 from pipeline.errors import InputError
 
 
@@ -41,3 +50,20 @@ def test_empty_setting_means_no_tokens() -> None:
 def test_bad_entries_are_named(spec: str, message: str) -> None:
     with pytest.raises(InputError, match=message):
         parse_tokens(spec)
+
+
+def test_token_query_values_are_redacted_from_access_log_lines() -> None:
+    assert redact_token_query("/?token=bonsai_abc&x=1") == "/?token=***&x=1"
+    assert redact_token_query("/web/app.js?v=1&TOKEN=s3cret#job=1") == "/web/app.js?v=1&TOKEN=***#job=1"
+    assert redact_token_query("/api/jobs?status=failed") == "/api/jobs?status=failed"
+    record = logging.LogRecord(
+        "uvicorn.access",
+        logging.INFO,
+        __file__,
+        1,
+        '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:5", "GET", "/?token=bonsai_abc", "1.1", 200),
+        None,
+    )
+    assert TokenRedactingFilter().filter(record)
+    assert "bonsai_abc" not in record.getMessage() and "/?token=***" in record.getMessage()

@@ -52,14 +52,19 @@ const badge = (status) => el("span", { class: `badge ${status}`, text: status })
 
 // ---- token and API --------------------------------------------------------------------------
 function takeTokenFromUrl() {
+  // `#token=…` never reaches the server; `?token=…` does (the server keeps it out of its access log).
   const url = new URL(window.location.href);
-  const token = url.searchParams.get("token");
+  const hash = new URLSearchParams(url.hash.slice(1));
+  const token = url.searchParams.get("token") || hash.get("token");
   if (token) {
     sessionStorage.setItem(TOKEN_KEY, token);
     url.searchParams.delete("token");
+    hash.delete("token");
+    const rest = hash.toString();
     // Drop it from the address bar and history: a token must not sit in bookmarks or screenshots.
-    window.history.replaceState(null, "", url.pathname + url.search + url.hash);
+    window.history.replaceState(null, "", url.pathname + url.search + (rest ? `#${rest}` : ""));
   }
+  return Boolean(token);
 }
 
 class Unauthorized extends Error {}
@@ -344,6 +349,12 @@ document.addEventListener("DOMContentLoaded", () => {
   $("#logout").addEventListener("click", () => showLogin(""));
   $("#status-filter").addEventListener("change", () => guard(loadJobs()));
   $("#verify").addEventListener("click", () => state.chainSha && showChain(state.chainSha, true));
+  // A link with a new fragment opened in this tab does not reload the page.
+  window.addEventListener("hashchange", () => {
+    if (takeTokenFromUrl() && $("#app").hidden) return start();
+    const match = /job=(\d+)/.exec(window.location.hash);
+    if (match && Number(match[1]) !== state.jobId) selectJob(Number(match[1]));
+  });
   if (sessionStorage.getItem(TOKEN_KEY)) start();
   else showLogin("");
 });
