@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from pydantic import BaseModel, Field, model_validator
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from pipeline import views
 from pipeline.api.auth import ApiToken, require_scope
@@ -80,7 +80,10 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> list[dict[str, Any]]:
-    query = select(Job).order_by(Job.id.desc()).limit(limit).offset(offset)
+    # One extra query for all the jobs' attempts, not one per job (the page polls this list).
+    query = (
+        select(Job).options(selectinload(Job.stage_runs)).order_by(Job.id.desc()).limit(limit).offset(offset)
+    )
     if status_ is not None:
         query = query.where(Job.status == status_.value)
     if recipe:
