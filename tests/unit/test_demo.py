@@ -70,3 +70,14 @@ def test_tokenizer_has_specials_and_digits(demo_checkpoint: Path) -> None:
     encoded = tokenizer.encode("1+1=2")
     assert encoded.ids[0] == config["bos_token_id"]
     assert tokenizer.decode(encoded.ids, skip_special_tokens=True) == "1+1=2"
+
+
+def test_other_architectures_are_deterministic(tmp_path: Path) -> None:
+    for arch in ("mistral", "qwen2", "qwen3", "bitnet"):
+        first = write_demo_checkpoint(tmp_path / f"{arch}-1", architecture=arch)
+        second = write_demo_checkpoint(tmp_path / f"{arch}-2", architecture=arch)
+        assert (first / "SHA256SUMS").read_text() == (second / "SHA256SUMS").read_text(), arch
+        config = json.loads((first / "config.json").read_text())
+        assert config["model_type"] == arch and len(config["architectures"]) == 1
+        listed = [line.split("  ", 1)[1] for line in (first / "SHA256SUMS").read_text().splitlines()]
+        assert ("tokenizer.model" in listed) == (arch in ("mistral", "bitnet")), arch
