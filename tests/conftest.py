@@ -45,7 +45,10 @@ def card_for_checkpoint(folder: Path) -> dict[str, Any]:
         "format": "safetensors",
         "shards": shards,
         "tensors": tensors,
-        "tokenizer": {"kind": "bpe", "files": ["tokenizer.json", "tokenizer_config.json"]},
+        "tokenizer": {
+            "kind": "sentencepiece" if (folder / "tokenizer.model").exists() else "bpe",
+            "files": sorted(p.name for p in folder.glob("tokenizer*")),
+        },
     }
 
 
@@ -125,10 +128,8 @@ def package_inputs(
     """Everything the package stage reads, with stand-in decompose parts (block linears as `ternary`)."""
     card_path = tmp / "model_card.json"
     card_path.write_text(json.dumps(card), encoding="utf-8")
-    items = [
-        _input(f"download/{n}", checkpoint / n)
-        for n in ("config.json", "tokenizer.json", "tokenizer_config.json")
-    ]
+    names = ("config.json", "tokenizer.model", "tokenizer.json", "tokenizer_config.json")
+    items = [_input(f"download/{n}", checkpoint / n) for n in names if (checkpoint / n).exists()]
     items.append(_input("inspect/model_card.json", card_path))
     items += [
         _input(f"decompose/ternary/{p.name}", p) for p in make_parts(checkpoint, card, tmp / "parts", ternary)

@@ -48,6 +48,7 @@ class Tokenizer:
     PRE = gguf.Keys.Tokenizer.PRE
     TOKENS = gguf.Keys.Tokenizer.LIST
     TOKEN_TYPE = gguf.Keys.Tokenizer.TOKEN_TYPE
+    SCORES = gguf.Keys.Tokenizer.SCORES
     MERGES = gguf.Keys.Tokenizer.MERGES
     BOS_ID = gguf.Keys.Tokenizer.BOS_ID
     EOS_ID = gguf.Keys.Tokenizer.EOS_ID
@@ -56,6 +57,8 @@ class Tokenizer:
     ADD_BOS = gguf.Keys.Tokenizer.ADD_BOS
     ADD_EOS = gguf.Keys.Tokenizer.ADD_EOS
     CHAT_TEMPLATE = gguf.Keys.Tokenizer.CHAT_TEMPLATE
+    ADD_SPACE_PREFIX = gguf.Keys.Tokenizer.ADD_PREFIX
+    REMOVE_EXTRA_WS = gguf.Keys.Tokenizer.REMOVE_EXTRA_WS
 
 
 class Bonsai:

@@ -26,7 +26,7 @@ import gguf
 from pipeline.errors import InputError
 from pipeline.gguf_pack.keys import Tokenizer as TK
 
-__all__ = ["GGUFVocab", "load_vocab", "detect_pre_tokenizer"]
+__all__ = ["GGUFVocab", "load_vocab", "load_tokenizer", "detect_pre_tokenizer", "chat_template"]
 
 # GPT-2's split regex: what HF's ByteLevel(use_regex=True) applies.
 _GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -66,7 +66,11 @@ _CONTROL_LOOKALIKE = ("<|", "|>")
 
 @dataclass(frozen=True)
 class GGUFVocab:
-    """Vocabulary fields of a GGUF file; ids index `tokens` and `token_types`."""
+    """Vocabulary fields of a GGUF file; ids index `tokens`, `token_types` (and `scores`).
+
+    ``model`` is llama.cpp's tokenizer family: "gpt2" (byte-level BPE, with `merges`) or
+    "llama" (SentencePiece BPE, with `scores`; see `spm.load_spm_vocab`).
+    """
 
     pre: str
     tokens: tuple[str, ...]
@@ -78,24 +82,53 @@ class GGUFVocab:
     add_bos: bool
     add_eos: bool
     chat_template: str | None = None
+    model: str = "gpt2"  # llama.cpp's name for byte-level BPE, whatever the model family
+    scores: tuple[float, ...] = ()
+    unk_id: int | None = None
+    add_space_prefix: bool | None = None  # None: llama.cpp's default for the tokenizer family
+    remove_extra_whitespaces: bool | None = None
 
     def metadata(self) -> dict[str, Any]:
         """Key -> value for the writer (ints are uint32, token types int32, as llama.cpp reads them)."""
         meta: dict[str, Any] = {
-            TK.MODEL: "gpt2",  # llama.cpp's name for byte-level BPE, whatever the model family
+            TK.MODEL: self.model,
             TK.PRE: self.pre,
             TK.TOKENS: list(self.tokens),
             TK.TOKEN_TYPE: list(self.token_types),
-            TK.MERGES: list(self.merges),
             TK.ADD_BOS: self.add_bos,
             TK.ADD_EOS: self.add_eos,
         }
-        for key, value in ((TK.BOS_ID, self.bos_id), (TK.EOS_ID, self.eos_id), (TK.PAD_ID, self.pad_id)):
+        if self.merges:
+            meta[TK.MERGES] = list(self.merges)
+        if self.scores:
+            meta[TK.SCORES] = [float(x) for x in self.scores]
+        ids = (
+            (TK.BOS_ID, self.bos_id),
+            (TK.EOS_ID, self.eos_id),
+            (TK.PAD_ID, self.pad_id),
+            (TK.UNK_ID, self.unk_id),
+        )
+        for key, value in ids:
             if value is not None:
                 meta[key] = value
+        for key, flag in (
+            (TK.ADD_SPACE_PREFIX, self.add_space_prefix),
+            (TK.REMOVE_EXTRA_WS, self.remove_extra_whitespaces),
+        ):
+            if flag is not None:
+                meta[key] = flag
         if self.chat_template:
             meta[TK.CHAT_TEMPLATE] = self.chat_template
         return meta
+
+
+def chat_template(tok_config: Mapping[str, Any]) -> str | None:
+    """tokenizer_config.json's chat template: a string, or the entry named "default" of a list."""
+    template = tok_config.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+        template = named.get("default")
+    return template if isinstance(template, str) and template else None
 
 
 def _flatten(pre: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
@@ -271,7 +304,6 @@ def load_vocab(
     pad_id = _special_id("pad", tok_config, config, ids)
     add_bos = tok_config.get("add_bos_token")
     add_eos = tok_config.get("add_eos_token")
-    template = tok_config.get("chat_template")
     return GGUFVocab(
         pre=pre,
         tokens=tuple(tokens),
@@ -286,5 +318,25 @@ def load_vocab(
         add_eos=add_eos
         if isinstance(add_eos, bool)
         else _template_adds(tokenizer, tokens[eos_id] if eos_id is not None else None, first=False),
-        chat_template=template if isinstance(template, str) else None,
+        chat_template=chat_template(tok_config),
+    )
+
+
+def load_tokenizer(files: Mapping[str, Path], config: Mapping[str, Any] | None = None) -> GGUFVocab:
+    """The GGUF vocabulary of a checkpoint from its tokenizer files (file name -> local path).
+
+    Like llama.cpp's converter, a SentencePiece ``tokenizer.model`` wins over ``tokenizer.json``
+    (Llama 2 / Mistral checkpoints ship both; the .json is derived from the .model).
+    ``tokenizer_config.json`` is read when present. InputError when neither file is there.
+    """
+    tok_config = files.get("tokenizer_config.json")
+    if "tokenizer.model" in files:
+        from pipeline.gguf_pack.spm import load_spm_vocab
+
+        return load_spm_vocab(files["tokenizer.model"], tok_config, config)
+    if "tokenizer.json" in files:
+        return load_vocab(files["tokenizer.json"], tok_config, config)
+    raise InputError(
+        f"no tokenizer.model or tokenizer.json among the checkpoint files ({', '.join(sorted(files))}); "
+        "a GGUF for llama.cpp needs the vocabulary"
     )

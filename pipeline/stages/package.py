@@ -1,10 +1,10 @@
 """Package stage: decompose's ternary parts + config + tokenizer -> one llama.cpp GGUF file.
 
-Inputs: ``download/config.json``, ``download/tokenizer.json`` (+ optional
-``download/tokenizer_config.json``), ``inspect/model_card.json`` and every
-``decompose/ternary/part-XXXXX.safetensors``. Each part holds U8 tensors of raw GGML
-block bytes keyed by GGUF tensor name; its ``__metadata__["bonsai.tensors"]`` is JSON
-``{gguf_name: {"ggml_type": "TQ2_0", "shape": [rows, cols]}}``.
+Inputs: ``download/config.json``, ``download/tokenizer.model`` (SentencePiece) or
+``download/tokenizer.json`` (byte-level BPE), optional ``download/tokenizer_config.json``,
+``inspect/model_card.json`` and every ``decompose/ternary/part-XXXXX.safetensors``. Each
+part holds U8 tensors of raw GGML block bytes keyed by GGUF tensor name; its
+``__metadata__["bonsai.tensors"]`` is JSON ``{gguf_name: {"ggml_type": "TQ2_0", "shape": [rows, cols]}}``.
 
 Before writing, every tensor of the model card's plan must be in exactly one part, with
 the planned shape and a byte count that fits its type. The file is streamed one tensor
@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 _PART_NAME = re.compile(r"^ternary/part-\d{5}\.safetensors$")
 # Types a part may carry: what llama.cpp's CPU backend runs and the policy may choose.
 _ALLOWED_TYPES = ("TQ2_0", "TQ1_0", "F16", "BF16", "F32", "Q8_0")
+_TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json")
 _GGML_QUANT_VERSION = 2  # gguf-py's GGML_QUANT_VERSION; llama.cpp checks it for block types
 
 
@@ -169,6 +170,7 @@ def _metadata(
     vocab_meta: Mapping[str, Any],
     types: set[str],
     card_sha256: str,
+    arch: str = "llama",
 ) -> dict[str, Any]:
     import gguf
 
@@ -177,7 +179,7 @@ def _metadata(
 
     file_type = file_type_for(gguf.GGMLQuantizationType[t] for t in types)
     meta: dict[str, Any] = {General.NAME: params.model_name}
-    meta.update(llama_metadata(config, file_type))
+    meta.update(llama_metadata(config, file_type, arch))
     meta[General.QUANTIZATION_VERSION] = _GGML_QUANT_VERSION
     meta.update(vocab_meta)
     meta.update(
@@ -229,7 +231,7 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
     from pipeline.gguf_pack.inspect import inspect_gguf
     from pipeline.gguf_pack.keys import General
     from pipeline.gguf_pack.source import arch_spec
-    from pipeline.gguf_pack.vocab import load_vocab
+    from pipeline.gguf_pack.vocab import load_tokenizer
     from pipeline.gguf_pack.write import TensorToWrite, write_gguf
 
     download, inspect = inputs_of(inputs, "download"), inputs_of(inputs, "inspect")
@@ -240,19 +242,18 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
     if not parts:
         raise InputError("package needs decompose/ternary/part-XXXXX.safetensors inputs; got none")
     ordered = _match_plan(card, _collect_parts(parts))
-    tok_config = download.get("tokenizer_config.json")
-    vocab = load_vocab(
-        _require(download, "tokenizer.json", "download"), tok_config.path if tok_config else None, config
-    )
+    # tokenizer.model (SentencePiece) wins over tokenizer.json, as in llama.cpp's converter.
+    vocab = load_tokenizer({n: download[n].path for n in _TOKENIZER_FILES if n in download}, config)
     types = {t.ggml_type for t in ordered}
-    meta = _metadata(params, config, vocab.metadata(), types, card_file.sha256 if card_file else "")
+    arch = arch_spec(card).gguf_name
+    meta = _metadata(params, config, vocab.metadata(), types, card_file.sha256 if card_file else "", arch)
     to_write = [
         TensorToWrite(t.gguf_name, gguf.GGMLQuantizationType[t.ggml_type], t.shape, _loader(t))
         for t in ordered
     ]
     to_write += _generated_tensors(config)
     dest = Path(workdir) / OUTPUT_NAME
-    written = write_gguf(dest, arch_spec(card).gguf_name, meta, to_write)
+    written = write_gguf(dest, arch, meta, to_write)
     expected = {t.name: (t.ggml_type, t.shape) for t in to_write}
     summary = inspect_gguf(dest, expected)
     _verify_bytes(dest, ordered)
@@ -270,6 +271,7 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
         "n_params": summary.n_params,
         "bits_per_weight": round(summary.bits_per_weight, 4),
         "file_type": gguf.LlamaFileType(meta[General.FILE_TYPE]).name,
+        "tokenizer_model": vocab.model,
         "tokenizer_pre": vocab.pre,
     }
     return StageResult(
