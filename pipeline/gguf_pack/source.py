@@ -3,7 +3,9 @@
 `tensor_plan` decides names and shapes from the model card alone (no tensor data read),
 so a bad checkpoint is refused before any heavy work. `iter_tensors` then streams one
 shard's tensors, one at a time, already in the layout llama.cpp expects (float32,
-q/k rows permuted for rope).
+q/k rows permuted for rope where the architecture's rope needs it, BitNet's latent
+weights rounded to the ternary values the model computes with). Per-architecture rules
+come from the `names.ARCH_SPECS` table.
 
 The model card is the JSON the inspect stage writes::
 
@@ -22,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,14 +37,18 @@ from pipeline.errors import InputError, IntegrityError
 from pipeline.gguf_pack.names import (
     ARCHITECTURES,
     REQUIRED_GLOBAL,
-    REQUIRED_PER_BLOCK,
     ROPE_PERMUTED,
     SKIPPED_SUFFIXES,
+    TERNARY_LATENT_KINDS,
     TRY_SUFFIXES,
     ArchSpec,
 )
 
-__all__ = ["PlannedTensor", "arch_spec", "tensor_plan", "iter_tensors", "rope_permute"]
+__all__ = ["PlannedTensor", "arch_spec", "tensor_plan", "iter_tensors", "rope_permute", "bitnet_weight_quant"]
+
+_LM_HEAD = "lm_head.weight"
+_BLOCK = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)$")
+_LATENT = re.compile(r"^blk\.\d+\.(" + "|".join(TERNARY_LATENT_KINDS) + r")\.weight$")
 
 
 @dataclass(frozen=True)
@@ -96,16 +103,58 @@ def _check_permutable(hf_name: str, shape: tuple[int, ...], n_head: int) -> None
         )
 
 
-def _check_coverage(planned: list[PlannedTensor], n_blocks: int) -> None:
+def _check_coverage(spec: ArchSpec, planned: list[PlannedTensor], n_blocks: int) -> None:
     have = {p.gguf_name for p in planned}
-    expected = list(REQUIRED_GLOBAL) + [f"blk.{b}.{n}" for b in range(n_blocks) for n in REQUIRED_PER_BLOCK]
+    per_block = spec.required_per_block
+    expected = list(REQUIRED_GLOBAL) + [f"blk.{b}.{n}" for b in range(n_blocks) for n in per_block]
     missing = [name for name in expected if name not in have]
     if missing:
         shown = ", ".join(missing[:8]) + (" …" if len(missing) > 8 else "")
         raise InputError(
-            f"the checkpoint lacks {len(missing)} tensor(s) llama.cpp's Llama loader needs: {shown}; "
-            "check num_hidden_layers in config.json and that every shard was downloaded"
+            f"the checkpoint lacks {len(missing)} tensor(s) llama.cpp's {spec.gguf_name} loader needs: "
+            f"{shown}; check num_hidden_layers in config.json and that every shard was downloaded"
         )
+
+
+def _check_config(spec: ArchSpec, config: Mapping[str, Any]) -> None:
+    """Refuse config settings llama.cpp's graph for this architecture does not compute."""
+    act = config.get("hidden_act", config.get("hidden_activation", "silu"))
+    if act not in spec.activations:
+        raise InputError(
+            f"config.json hidden_act {act!r}: llama.cpp's {spec.gguf_name} graph computes "
+            f"{', '.join(spec.activations)} only, so the converted model would compute something else"
+        )
+    if config.get("use_sliding_window") is True:
+        raise InputError(
+            f"config.json use_sliding_window is true: llama.cpp's {spec.gguf_name} graph attends over "
+            "the whole context; convert only models trained without sliding-window attention"
+        )
+
+
+def _gguf_name(
+    spec: ArchSpec, name_map: gguf.TensorNameMap, hf_name: str, n_blocks: int
+) -> str | None:
+    """GGUF name from gguf's TensorNameMap, else from the spec's own `extra_names`."""
+    gguf_name = name_map.get_name(hf_name, try_suffixes=TRY_SUFFIXES)
+    if gguf_name is not None:
+        return gguf_name
+    match = _BLOCK.search(hf_name)
+    if match and int(match.group(1)) < n_blocks and match.group(2) in spec.extra_names:
+        suffix = match.group(2).rsplit(".", 1)[-1]
+        return f"blk.{match.group(1)}.{spec.extra_names[match.group(2)]}.{suffix}"
+    return None
+
+
+def _skips_output_head(spec: ArchSpec, config: Mapping[str, Any], hf_name: str) -> bool:
+    """True for an lm_head the architecture has no slot for but that only repeats the embedding."""
+    if spec.has_output_head or hf_name != _LM_HEAD:
+        return False
+    if config.get("tie_word_embeddings") is True:
+        return True  # a saved copy of the tied embedding: llama.cpp reuses token_embd
+    raise InputError(
+        f"tensor {_LM_HEAD!r}: llama.cpp's {spec.gguf_name} graph always uses token_embd as the output "
+        "head, so an untied lm_head (config.json tie_word_embeddings is not true) cannot be represented"
+    )
 
 
 def tensor_plan(card: Mapping[str, Any]) -> list[PlannedTensor]:
@@ -117,6 +166,7 @@ def tensor_plan(card: Mapping[str, Any]) -> list[PlannedTensor]:
     """
     spec = arch_spec(card)
     config = card.get("config") or {}
+    _check_config(spec, config)
     n_blocks = _config_int(config, "num_hidden_layers")
     name_map = gguf.get_tensor_name_map(spec.gguf_arch, n_blocks)
     shards = set(card.get("shards") or [])
@@ -124,9 +174,9 @@ def tensor_plan(card: Mapping[str, Any]) -> list[PlannedTensor]:
     seen: dict[str, str] = {}
     for entry in card.get("tensors") or []:
         hf_name = str(entry.get("name"))
-        if hf_name.endswith(SKIPPED_SUFFIXES):
+        if hf_name.endswith(SKIPPED_SUFFIXES) or _skips_output_head(spec, config, hf_name):
             continue
-        gguf_name = name_map.get_name(hf_name, try_suffixes=TRY_SUFFIXES)
+        gguf_name = _gguf_name(spec, name_map, hf_name, n_blocks)
         if gguf_name is None:
             raise InputError(
                 f"tensor {hf_name!r} has no GGUF name for architecture {spec.gguf_name!r} "
@@ -144,7 +194,7 @@ def tensor_plan(card: Mapping[str, Any]) -> list[PlannedTensor]:
                     _check_permutable(hf_name, shape, _head_count(config, head_key))
         seen[gguf_name] = hf_name
         planned.append(PlannedTensor(gguf_name, hf_name, shape, str(entry.get("dtype")), shard))
-    _check_coverage(planned, n_blocks)
+    _check_coverage(spec, planned, n_blocks)
     return planned
 
 
@@ -159,6 +209,17 @@ def rope_permute(weight: torch.Tensor, n_head: int) -> torch.Tensor:
     return (
         weight.reshape(n_head, 2, rows // n_head // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
     )
+
+
+def bitnet_weight_quant(weight: torch.Tensor) -> torch.Tensor:
+    """BitNet b1.58's run-time weight rounding: ``mean(|W|) * clamp(round(W / mean(|W|)), -1, 1)``.
+
+    One scale per tensor (clamped at 1e-5 like the reference code), float32 in and out. The
+    model computes with these values, not with its stored latent weights, so they are what
+    the GGUF must hold; the result is exactly scale x {-1, 0, +1}, which decomposition keeps.
+    """
+    scale = weight.abs().mean().clamp(min=1e-5)
+    return (weight / scale).round().clamp(-1, 1) * scale
 
 
 def _permute_heads(spec: ArchSpec, config: Mapping[str, Any], hf_name: str) -> int | None:
@@ -207,5 +268,7 @@ def iter_tensors(
             n_head = _permute_heads(spec, config, item.hf_name)
             if n_head is not None:
                 tensor = rope_permute(tensor, n_head)
+            if spec.ternary_latent and _LATENT.match(item.gguf_name):
+                tensor = bitnet_weight_quant(tensor)
             yield item.gguf_name, tensor.contiguous()
             del tensor

@@ -118,9 +118,12 @@ def _config_number(config: Mapping[str, Any], key: str, default: Any = None) -> 
 def llama_metadata(
     config: Mapping[str, Any], file_type: gguf.LlamaFileType, arch: str = "llama"
 ) -> dict[str, Any]:
-    """Llama architecture keys from an HF config.json, as llama.cpp's loader expects them.
+    """`arch`'s hyperparameter keys from an HF config.json, as llama.cpp's loader expects them.
 
-    Raises InputError for missing hyperparameters or a rope scaling Bonsai does not write.
+    The Llama family's keys serve every architecture in `names.ARCH_SPECS` (llama, qwen2,
+    qwen3, bitnet read the same ones; head_dim goes to key/value length, so Qwen3's
+    head_dim != hidden / heads is kept). Raises InputError for missing hyperparameters or a
+    rope scaling Bonsai does not write.
     """
     n_head = int(_config_number(config, "num_attention_heads"))
     hidden = int(_config_number(config, "hidden_size"))

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError, IntegrityError
+from pipeline.gguf_pack.names import HF_ARCHITECTURES
 from pipeline.safetensors_header import TensorInfo, read_header
 from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult, inputs_of, safe_relpath
 
@@ -52,14 +53,13 @@ _HUB_FILES_NAME = "hub_files.json"
 _INDEX_NAME = "model.safetensors.index.json"
 _MAX_JSON_BYTES = 256 * 1024 * 1024  # tokenizer.json of a 256k vocabulary is ~30 MB
 
-# HF class name -> our architecture name (= HF model_type = GGUF general.architecture).
-# Adding mistral, qwen2, qwen3 or bitnet means one row here plus support in decompose/package.
-SUPPORTED_ARCHITECTURES: Mapping[str, str] = {
-    "LlamaForCausalLM": "llama",
-}
-# quant_method values that are the *input* format of an architecture, not an impostor
-# (BitNet checkpoints declare quant_method "bitnet"); empty until such a row is supported.
-_NATIVE_QUANT_METHODS: frozenset[str] = frozenset()
+# HF class name -> our architecture name (the HF model_type). One table for the whole pipeline:
+# an architecture is added as a row of gguf_pack.names.ARCH_SPECS, which packaging reads too.
+SUPPORTED_ARCHITECTURES: Mapping[str, str] = {cls: spec.name for cls, spec in HF_ARCHITECTURES.items()}
+# quant_method values that are the *input* format of an architecture, not an impostor: BitNet
+# b1.58 checkpoints declare quant_method "bitnet" over full-precision latent weights (the packed
+# U8 variant is still refused by the tensor dtype and name checks below).
+_NATIVE_QUANT_METHODS: frozenset[str] = frozenset({"bitnet"})
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _QUANTIZER_FILES = ("quantize_config.json", "quant_config.json", "quantization_config.json")

@@ -198,7 +198,7 @@ def test_unsupported_architecture(tmp_path: Path) -> None:
     with pytest.raises(InputError) as info:
         _inspect(_checkpoint(tmp_path, config=config), tmp_path)
     assert "'GPT2LMHeadModel' is not supported" in str(info.value)
-    assert "supported: LlamaForCausalLM" in str(info.value)
+    assert "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM" in str(info.value)
 
 
 def test_pickle_only_checkpoint(tmp_path: Path) -> None:
