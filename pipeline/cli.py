@@ -299,12 +299,19 @@ def status(obj: CliContext, watch_s: float | None, status: str | None) -> None:
 @cli.command("demo-checkpoint")
 @click.argument("dest", type=click.Path(path_type=Path))
 @click.option("--layers", default=2, show_default=True, help="Transformer blocks.")
+@click.option(
+    "--architecture",
+    default="llama",
+    show_default=True,
+    type=click.Choice(["llama", "mistral", "qwen2", "qwen3", "bitnet"]),
+    help="Which HF architecture (and its usual tokenizer kind) the demo imitates.",
+)
 @_guard
-def demo_checkpoint(dest: Path, layers: int) -> None:
-    """Write the small ternary-trained-style Llama demo checkpoint into DEST."""
+def demo_checkpoint(dest: Path, layers: int, architecture: str) -> None:
+    """Write a small ternary-trained-style demo checkpoint (Llama unless --architecture) into DEST."""
     from pipeline.demo import write_demo_checkpoint
 
-    folder = write_demo_checkpoint(dest, n_layers=layers)
+    folder = write_demo_checkpoint(dest, n_layers=layers, architecture=architecture)
     click.echo(f"demo checkpoint written to {folder}")
 
 
