@@ -18,7 +18,10 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first: this pin takes the CPU build; the project's own range would pull a CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -e '.[api,test]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -e '.[api,signing,test]'
+	# Headless Chromium and its driver for the web page test (Debian packages).
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
 	touch $@
 
 demo: setup

@@ -82,6 +82,15 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
 
 
 def _add_service_routes(app: FastAPI) -> None:
+    @app.get("/healthz", include_in_schema=False)
+    def healthz(request: Request) -> dict[str, str]:
+        # Liveness for orchestrators: no token, no data, but the database must answer.
+        from sqlalchemy import text
+
+        with request.app.state.rt.sessions() as session:
+            session.execute(text("SELECT 1"))
+        return {"status": "ok"}
+
     @app.get("/openapi.json", include_in_schema=False)
     def openapi(_token: Reader) -> dict[str, Any]:
         return app.openapi()

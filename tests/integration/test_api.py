@@ -194,3 +194,8 @@ def test_openapi_and_the_web_page(api: Api) -> None:
     assert "default-src 'self'" in page.headers["content-security-policy"]
     assert api.client.get("/web/app.js").status_code == 200
     assert api.client.get("/docs").status_code == 404, "no Swagger UI: its assets would come from a CDN"
+
+
+def test_healthz_needs_no_token_and_checks_the_database(api: Api) -> None:
+    response = api.client.get("/healthz")
+    assert response.status_code == 200 and response.json() == {"status": "ok"}
