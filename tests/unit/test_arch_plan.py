@@ -109,3 +109,47 @@ def test_refusals(cards: dict[str, Any]) -> None:
     no_norm["tensors"] = [t for t in no_norm["tensors"] if "q_norm" not in t["name"]]
     with pytest.raises(InputError, match=r"blk\.0\.attn_q_norm\.weight"):
         tensor_plan(no_norm)
+
+
+def _inspect_card(folder: Path, work: Path) -> dict[str, Any]:
+    """The real checksum + inspect stages on `folder`: the model card later stages get."""
+    import hashlib
+    import json
+
+    from pipeline.stages import checksum, inspect
+    from pipeline.stages.base import InputFile
+
+    inputs = {}
+    for path in sorted(p for p in folder.iterdir() if p.is_file()):
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        inputs[f"download/{path.name}"] = InputFile(path.name, path, digest, path.stat().st_size)
+    (work / "checksum").mkdir(parents=True)
+    (manifest,) = checksum.run(checksum.Params(), inputs, work / "checksum").outputs
+    digest = hashlib.sha256(manifest.path.read_bytes()).hexdigest()
+    inputs["checksum/manifest.json"] = InputFile("manifest.json", manifest.path, digest, 0)
+    (work / "inspect").mkdir()
+    (card_file,) = inspect.run(inspect.Params(), inputs, work / "inspect").outputs
+    card: dict[str, Any] = json.loads(card_file.path.read_text())
+    return card
+
+
+@pytest.mark.parametrize("arch", [spec.name for spec in ARCH_SPECS])
+def test_inspect_stage_cards_every_architecture(cards: dict[str, Any], arch: str, tmp_path: Path) -> None:
+    folder, _ = cards[arch]
+    card = _inspect_card(folder, tmp_path)
+    assert card["architecture"] == arch
+    assert card["tokenizer"]["kind"] == ("sentencepiece" if arch in ("mistral", "bitnet") else "bpe")
+    assert len(tensor_plan(card)) == len(card["tensors"])
+
+
+def test_bitnet_quant_method_is_native(cards: dict[str, Any], tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    folder = tmp_path / "bitnet"
+    shutil.copytree(cards["bitnet"][0], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "bitnet", "linear_class": "autobitlinear"}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "SHA256SUMS").unlink()
+    assert _inspect_card(folder, tmp_path / "work")["architecture"] == "bitnet"
