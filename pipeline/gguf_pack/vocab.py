@@ -198,8 +198,9 @@ def _check_model(model: Mapping[str, Any]) -> None:
         )
     if model.get("byte_fallback"):
         raise InputError(
-            "tokenizer.json is a BPE with byte_fallback (SentencePiece style, GGUF tokenizer model 'llama'); "
-            "only byte-level BPE ('gpt2') is packaged for now"
+            "tokenizer.json is a BPE with byte_fallback (SentencePiece style, GGUF tokenizer model 'llama') "
+            "and the checkpoint has no tokenizer.model: its merge ranks do not give the piece scores "
+            "llama.cpp merges by; include the original SentencePiece tokenizer.model to package it"
         )
 
 
