@@ -12,6 +12,7 @@ from pipeline.db.session import make_engine, make_sessionmaker
 from pipeline.errors import InputError
 from pipeline.execution import Runtime
 from pipeline.settings import Settings
+from pipeline.signing import load_private_key
 
 __all__ = ["build_runtime", "migrate_database", "engine_for", "forget_engines_after_fork"]
 
@@ -72,4 +73,5 @@ def build_runtime(settings: Settings) -> Runtime:
         max_attempts=settings.max_attempts,
         retry_base_s=settings.retry_base_s,
         stage_package=settings.stage_package,
+        signing_key=load_private_key(settings.signing_key) if settings.signing_key else None,
     )

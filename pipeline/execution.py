@@ -27,7 +27,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from pipeline import provenance
+from pipeline import provenance, signing
 from pipeline.artifacts.store import ArtifactStore
 from pipeline.db import repo
 from pipeline.db.models import Job, StageRun, utcnow
@@ -59,6 +59,8 @@ class Runtime:
     max_attempts: int = 3
     retry_base_s: float = 5.0
     stage_package: str = "pipeline.stages"
+    # Ed25519 private key: when set, every statement is signed (DSSE) as it is recorded.
+    signing_key: Any | None = None
 
 
 def cache_key(stage: StageName, version: str, params: Any, inputs: Mapping[str, InputFile]) -> str:
@@ -316,6 +318,8 @@ def _record_success(
         repo.link_artifact(session, run, "out", output.name, artifact)
         statement = provenance.build_statement(output.name, artifact.sha256, external, input_refs, facts)
         repo.add_provenance(session, artifact, run, statement)
+        if rt.signing_key is not None:
+            signing.store_envelope(session, rt.store, run, signing.sign_statement(statement, rt.signing_key))
     _note_revision(run, result.metrics)
     repo.set_stage_state(
         session, run, StageState.SUCCEEDED,

@@ -48,6 +48,7 @@ __all__ = [
     "verify_envelope",
     "envelopes_for",
     "sign_pending",
+    "store_envelope",
     "StoredEnvelope",
     "configured_public_key",
     "is_signed_by",
@@ -244,7 +245,8 @@ def envelopes_for(session: Session, store: ArtifactStore, provenance: Provenance
     return found
 
 
-def _store_envelope(session: Session, store: ArtifactStore, run: StageRun, envelope: dict[str, Any]) -> str:
+def store_envelope(session: Session, store: ArtifactStore, run: StageRun, envelope: dict[str, Any]) -> str:
+    """Store a DSSE envelope as an artifact written by `run`; returns its digest."""
     data = json.dumps(envelope, sort_keys=True, indent=2).encode("utf-8")
     with tempfile.TemporaryDirectory(prefix="dsse-") as tmp:
         path = Path(tmp) / "envelope.dsse.json"
@@ -275,7 +277,7 @@ def sign_pending(session: Session, store: ArtifactStore, private_key: Any, job_i
         signed = envelopes_for(session, store, row)
         if any(is_signed_by(item.envelope, wanted) for item in signed):
             continue
-        _store_envelope(
+        store_envelope(
             session,
             store,
             session.get_one(StageRun, row.stage_run_id),

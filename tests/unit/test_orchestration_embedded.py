@@ -150,3 +150,23 @@ def test_manifest_forms_and_errors(tmp_path: Path) -> None:
     empty.write_text("[]")
     with pytest.raises(InputError, match="non-empty list"):
         read_manifest(empty, "tq2_0", 0)
+
+
+def test_statements_are_signed_as_they_are_recorded_when_a_key_is_set(
+    tmp_path: Path, demo_checkpoint: Path
+) -> None:
+    pytest.importorskip("cryptography", reason="pip install '.[signing]' for signing")
+    from pipeline import signing
+    from pipeline.db.models import Provenance
+
+    private_path, _public_path = signing.generate_key(tmp_path / "key.pem")
+    key = signing.load_private_key(private_path)
+    rt = Runtime(**{**_runtime(tmp_path).__dict__, "signing_key": key})
+    job_id = _submit(rt, str(demo_checkpoint))
+    assert run_job(rt, job_id) is JobState.SUCCEEDED
+    with session_scope(rt.sessions) as session:
+        rows = session.scalars(select(Provenance)).all()
+        assert rows
+        for row in rows:
+            (stored,) = signing.envelopes_for(session, rt.store, row)
+            assert signing.verify_envelope(stored.envelope, key.public_key()) == row.statement
