@@ -13,6 +13,7 @@ from pipeline.db import repo
 from pipeline.db.session import session_scope
 from pipeline.embedded import StageEvent, run_job
 from pipeline.execution import Runtime
+from pipeline.job_control import JobRequest, create_jobs
 from pipeline.states import JobState, StageState
 
 __all__ = ["convert_source", "run_and_report"]
@@ -30,7 +31,7 @@ def convert_source(
 ) -> int:
     """Submit one job and run it in-process; returns the exit code (0 when it succeeded)."""
     with session_scope(rt.sessions) as session:
-        job_id = repo.create_job(session, source, recipe, options, submitted_by="cli:convert").id
+        (job_id,) = create_jobs(session, [JobRequest(source, recipe, 0, options)], "cli:convert")
     Console(stderr=as_json).print(f"job [bold]{job_id}[/bold]: converting {source} with recipe {recipe}")
     return run_and_report(rt, job_id, as_json, out)
 

@@ -14,9 +14,10 @@ from sqlalchemy.orm import Session
 from pipeline import coordinator
 from pipeline.db import repo
 from pipeline.errors import InputError
+from pipeline.provenance import redact
 from pipeline.states import STAGE_ORDER, JobState, StageName, StageState
 
-__all__ = ["JobRequest", "read_manifest", "create_jobs", "retry_job", "cancel_job"]
+__all__ = ["JobRequest", "read_manifest", "check_request", "create_jobs", "retry_job", "cancel_job"]
 
 _MANIFEST_KEYS = {"source", "recipe", "priority", "options"}
 
@@ -67,7 +68,19 @@ def _manifest_entry(path: Path, index: int, item: Any, recipe: str, priority: in
                       item.get("options", {}))
 
 
+def check_request(request: JobRequest) -> None:
+    """Refuse options that look like secrets: job options are stored and shown to every reader."""
+    if redact(request.options) != dict(request.options):
+        raise InputError(
+            f"job for {request.source}: options must not carry secrets (token, password…); "
+            "the Hugging Face token belongs in BONSAI_HF_TOKEN on the workers"
+        )
+
+
 def create_jobs(session: Session, requests: Sequence[JobRequest], submitted_by: str | None) -> list[int]:
+    """Record the jobs (checked first, so a bad one records none of them); returns their ids."""
+    for request in requests:
+        check_request(request)
     return [
         repo.create_job(session, r.source, r.recipe, r.options, r.priority, submitted_by).id for r in requests
     ]

@@ -170,3 +170,16 @@ def test_statements_are_signed_as_they_are_recorded_when_a_key_is_set(
         for row in rows:
             (stored,) = signing.envelopes_for(session, rt.store, row)
             assert signing.verify_envelope(stored.envelope, key.public_key()) == row.statement
+
+
+def test_secret_looking_options_are_refused_before_anything_is_recorded(tmp_path: Path) -> None:
+    from pipeline.db.models import Job
+    from pipeline.job_control import JobRequest, create_jobs
+
+    rt = _runtime(tmp_path)
+    requests = [JobRequest("./ok"), JobRequest("./bad", options={"hf_token": "hf_abc"})]
+    with session_scope(rt.sessions) as session:
+        with pytest.raises(InputError, match="./bad: options must not carry"):
+            create_jobs(session, requests, "test")
+    with session_scope(rt.sessions) as session:
+        assert session.scalars(select(Job)).all() == []
