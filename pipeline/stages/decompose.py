@@ -1,6 +1,7 @@
 """Stage 4, decompose: every eligible weight matrix becomes ternary codes with fp16 block scales.
 
-Inputs: ``inspect/model_card.json`` and the source shards ``download/<name>``. For each
+Inputs: ``inspect/model_card.json`` and the source shards ``download/<name>`` (safetensors, or one
+``.gguf`` file whose tensors are dequantized: `gguf_pack.gguf_source`). For each
 source shard (``card["shards"]``, 1-based index ``i``) the stage writes
 ``ternary/part-<i:05d>.safetensors``, a valid safetensors file in which every tensor is dtype
 U8, shape ``[n_bytes]``, holding its bytes already in the GGUF layout of its chosen ggml type
@@ -239,8 +240,7 @@ def _decompose_shard(
     planned: list[Any], decisions: Mapping[str, TensorDecision], recipe: Recipe, device: torch.device,
 ) -> list[TensorReport]:
     """Stream one source shard into one part file at ``final``; returns its report lines."""
-    from pipeline.gguf_pack.source import iter_tensors
-
+    iter_tensors = _source_module(card).iter_tensors
     entries = _plan_entries(planned, decisions)
     ternary = [e for e in entries if decisions[e[0]].is_ternary]
     probe = _Probe(name=min(ternary, key=lambda e: int(np.prod(e[2])))[0] if ternary else "")
@@ -269,6 +269,18 @@ def _decompose_shard(
     return rows
 
 
+def _source_module(card: Mapping[str, Any]) -> Any:
+    """Where tensors come from: a GGUF file (names and llama.cpp layout as stored, dequantized)
+    or an HF checkpoint (renamed, q/k permuted). Both offer tensor_plan(card) and iter_tensors."""
+    from pipeline.gguf_pack import gguf_source
+
+    if gguf_source.is_gguf_card(card):
+        return gguf_source
+    from pipeline.gguf_pack import source
+
+    return source
+
+
 def _peak_rss_bytes() -> int:
     # ru_maxrss is KiB on Linux: the high-water mark of this whole process, not just this stage.
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
@@ -287,13 +299,11 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
     a value that does not fit its type; IntegrityError when the source disagrees with the card
     or a written part does not read back as planned.
     """
-    from pipeline.gguf_pack.source import tensor_plan
-
     started = time.monotonic()
     device = _resolve_device(params.device)
     card = _load_card(inputs)
     files = {name: item.path for name, item in inputs_of(inputs, "download").items()}
-    plan = tensor_plan(card)
+    plan = _source_module(card).tensor_plan(card)
     shards = [str(s) for s in card.get("shards") or []]
     selected = list(params.shards) or shards
     unknown = [s for s in selected if s not in shards]
@@ -316,6 +326,7 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
         "format": "decompose-report/1", "recipe": recipe.name, "ternary_type": recipe.ternary_type,
         "method": recipe.method, "irls_iters": recipe.irls_iters, "device": str(device),
         "shards": selected, "elapsed_s": round(elapsed_s, 3), "peak_rss_bytes": _peak_rss_bytes(),
+        "source_format": card.get("format"), "source_types": card.get("dtypes"),
     }
     report = build_report(rows, header)
     report_text = json.dumps(report, indent=1, allow_nan=False) + "\n"
@@ -330,6 +341,8 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
         "ternary_bpw": totals["ternary_bits_per_weight"], "n_ternary": totals["n_ternary"],
         "n_fallback": totals["n_fallback"], "n_tensors": totals["n_tensors"], "n_bytes": totals["n_bytes"],
         "device": str(device), "peak_rss_bytes": header["peak_rss_bytes"], "elapsed_s": header["elapsed_s"],
+        # What the weights were before: a GGUF source's type histogram (Q4_K: 27, Q6_K: 9, ...).
+        "source_format": card.get("format"), "source_types": card.get("dtypes"),
     }
     warnings = tuple(f["reason"] for f in report["fallbacks"])
     return StageResult(outputs=tuple(outputs), metrics=metrics, warnings=warnings)

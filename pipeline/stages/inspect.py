@@ -363,17 +363,20 @@ def _tokenizer(files: Mapping[str, InputFile], warnings: list[str]) -> dict[str,
 
 
 def _gguf_card(files: Mapping[str, InputFile], gguf_files: list[str], warnings: list[str]) -> dict[str, Any]:
+    import gguf
+
     if len(gguf_files) > 1:
         raise InputError(f"{len(gguf_files)} .gguf files ({', '.join(gguf_files[:5])}); give exactly one")
     name = gguf_files[0]
     card = _gguf_card_from_file(files[name].path, name)
-    supported = sorted(set(SUPPORTED_ARCHITECTURES.values()))
-    if card["architecture"] not in supported:
+    # A GGUF source is repackaged with its own metadata, so any architecture llama.cpp knows
+    # (gguf-py's table mirrors llama.cpp's) is accepted; HF checkpoints need a row per architecture.
+    known = sorted(gguf.MODEL_ARCH_NAMES.values())
+    if card["architecture"] not in known:
         raise InputError(
-            f"{name}: GGUF architecture {card['architecture']!r} is not supported "
-            f"(supported: {', '.join(supported)})"
+            f"{name}: GGUF architecture {card['architecture']!r} is not one llama.cpp knows "
+            f"({len(known)} known, e.g. {', '.join(known[:8])}); update the gguf package if it is new"
         )
-    warnings.append("GGUF sources are inspected only; conversion from GGUF is not implemented yet")
     return card
 
 
@@ -389,7 +392,7 @@ def _write_card(workdir: Path, card: Mapping[str, Any]) -> OutputFile:
     return OutputFile(name=CARD_NAME, path=path, kind="model-card", media_type="application/json")
 
 
-# --- GGUF sources: bounded walk first, then gguf.GGUFReader ---------------------------------
+# --- GGUF sources: bounded walk first, then gguf_pack.reader.GGUFFile -----------------------
 # GGUFReader trusts the counts in the file: a crafted array length makes it loop forever on
 # empty reads. `_walk_gguf` checks every count and length against the bytes that remain.
 
@@ -401,8 +404,6 @@ _GGUF_DEFAULT_ALIGNMENT = 32
 _GGUF_MIN_KV_BYTES = 8 + 4 + 1  # empty key, type, smallest value
 _GGUF_MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # empty name, n_dims=0, type, offset
 _GGML_MAX_DIMS = 4
-# Tensor types a GGUF source may carry to be re-quantized; anything else is already quantized.
-_GGUF_SOURCE_TYPES = frozenset({"F32", "F16", "BF16", "Q8_0"})
 _GGUF_CONFIG_MAX_ITEMS = 64  # arrays longer than this (vocabularies) stay out of the card's config
 _GGUF_TOKENIZER_KINDS = {"gpt2": "bpe", "llama": "sentencepiece"}
 
@@ -524,10 +525,12 @@ def _gguf_card_from_file(path: Path, name: str) -> dict[str, Any]:
     with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
         # Slicing an mmap copies bytes out (no buffer exports), so it closes cleanly on errors.
         _walk_gguf(data, name)
-    from gguf import GGUFReader
+    from pipeline.gguf_pack.gguf_source import dequantizable_types
+    from pipeline.gguf_pack.reader import GGUFFile
 
+    source_types = dequantizable_types()
     try:
-        reader = GGUFReader(path)
+        reader = GGUFFile(path)  # gguf.GGUFReader takes ~16 s on a 262k-token vocabulary
         metadata = {
             key: field.contents()
             for key, field in reader.fields.items()
@@ -548,10 +551,12 @@ def _gguf_card_from_file(path: Path, name: str) -> dict[str, Any]:
                 f"{name}: tensor {tensor.name!r} ends at byte {tensor.data_offset + tensor.n_bytes} "
                 f"but the file has {file_size} bytes (truncated?)"
             )
-        if type_name not in _GGUF_SOURCE_TYPES:
+        # Any type gguf can dequantize is a source (re-quantizing a Q4_K file is the user's call);
+        # integer or F64 storage is not a weight we can decompose.
+        if type_name not in source_types:
             raise InputError(
-                f"{name}: tensor {tensor.name!r} is {type_name}: the file is already quantized; a GGUF "
-                f"source must hold {', '.join(sorted(_GGUF_SOURCE_TYPES))} tensors"
+                f"{name}: tensor {tensor.name!r} is {type_name}, which gguf cannot dequantize; a GGUF "
+                f"source must hold {', '.join(sorted(source_types))} tensors"
             )
         # ggml lists dimensions fastest-first; reversed gives the row-major shape HF cards use.
         shape = [int(d) for d in reversed(tensor.shape.tolist())]
@@ -564,9 +569,21 @@ def _gguf_card_from_file(path: Path, name: str) -> dict[str, Any]:
         "shards": [name],
         "tensors": tensors,
         "param_count": sum(int(t.n_elements) for t in reader.tensors),
+        # The source type histogram: a Q4_K_M file holds Q4_K, Q6_K, Q5_0, Q8_0 and F32 tensors.
         "dtypes": dict(sorted(Counter(t["dtype"] for t in tensors).items())),
+        "file_type": _gguf_file_type(metadata.get("general.file_type")),
         "tokenizer": {
             "kind": _GGUF_TOKENIZER_KINDS.get(str(metadata.get("tokenizer.ggml.model"))),
             "files": [name] if "tokenizer.ggml.model" in metadata else [],
         },
     }
+
+
+def _gguf_file_type(value: Any) -> str | None:
+    """general.file_type as llama.cpp's name (MOSTLY_Q4_K_M), or None when absent or unknown."""
+    import gguf
+
+    try:
+        return gguf.LlamaFileType(int(value)).name if value is not None else None
+    except (ValueError, TypeError):
+        return None

@@ -10,6 +10,9 @@ Before writing, every tensor of the model card's plan must be in exactly one par
 the planned shape and a byte count that fits its type. The file is streamed one tensor
 at a time, then reopened: structure, types and shapes are checked, and every tensor's
 bytes compared with its part.
+
+A GGUF source (model card format "gguf") takes its metadata from the source file instead of
+config.json and tokenizer.json: `package_gguf.package_gguf_source`.
 """
 
 from __future__ import annotations
@@ -134,9 +137,9 @@ def _collect_parts(parts: Mapping[str, InputFile]) -> dict[str, PartTensor]:
 
 def _match_plan(card: Mapping[str, Any], found: Mapping[str, PartTensor]) -> list[PartTensor]:
     """Parts' tensors in plan order; every planned tensor present with its planned shape."""
-    from pipeline.gguf_pack.source import tensor_plan
+    from pipeline.gguf_pack import gguf_source, source
 
-    plan = tensor_plan(card)
+    plan = (gguf_source if gguf_source.is_gguf_card(card) else source).tensor_plan(card)
     planned = {p.gguf_name for p in plan}
     missing = [p.gguf_name for p in plan if p.gguf_name not in found]
     extra = sorted(set(found) - planned)
@@ -208,11 +211,12 @@ def _generated_tensors(config: Mapping[str, Any]) -> list[Any]:
 
 def _verify_bytes(path: Path, ordered: list[PartTensor]) -> None:
     """Compare every tensor's bytes in the written file with its part (both memory-mapped)."""
-    import gguf
     import numpy as np
     from safetensors import safe_open
 
-    reader = gguf.GGUFReader(path)
+    from pipeline.gguf_pack.reader import GGUFFile
+
+    reader = GGUFFile(path)  # not gguf.GGUFReader: ~16 s to open a 262k-token vocabulary
     by_name = {t.name: t for t in reader.tensors}
     for item in ordered:
         with safe_open(str(item.part), framework="numpy") as handle:
@@ -235,13 +239,17 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
     from pipeline.gguf_pack.write import TensorToWrite, write_gguf
 
     download, inspect = inputs_of(inputs, "download"), inputs_of(inputs, "inspect")
-    config = _read_json(_require(download, "config.json", "download"), "config.json")
     card_file = inspect.get("model_card.json")
     card = _read_json(_require(inspect, "model_card.json", "inspect"), "model card")
     parts = {n: f for n, f in inputs_of(inputs, "decompose").items() if _PART_NAME.match(n)}
     if not parts:
         raise InputError("package needs decompose/ternary/part-XXXXX.safetensors inputs; got none")
     ordered = _match_plan(card, _collect_parts(parts))
+    if card.get("format") == "gguf":
+        from pipeline.stages.package_gguf import package_gguf_source
+
+        return package_gguf_source(params, download, card, card_file, ordered, Path(workdir))
+    config = _read_json(_require(download, "config.json", "download"), "config.json")
     # tokenizer.model (SentencePiece) wins over tokenizer.json, as in llama.cpp's converter.
     vocab = load_tokenizer({n: download[n].path for n in _TOKENIZER_FILES if n in download}, config)
     types = {t.ggml_type for t in ordered}

@@ -298,7 +298,7 @@ def test_manifest_required_and_checked(tmp_path: Path) -> None:
 
 # --- GGUF sources ---------------------------------------------------------------------------
 
-def _gguf(path: Path, *, arch: str = "llama", quantized: bool = False) -> Path:
+def _gguf(path: Path, *, arch: str = "llama", quantized: bool = False, integer: bool = False) -> Path:
     import gguf
 
     writer = gguf.GGUFWriter(str(path), arch)
@@ -310,6 +310,8 @@ def _gguf(path: Path, *, arch: str = "llama", quantized: bool = False) -> Path:
     if quantized:
         raw = np.zeros((2, 144), dtype=np.uint8)  # two rows of one Q4_K block (256 weights)
         writer.add_tensor("blk.0.ffn_up.weight", raw, raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+    if integer:
+        writer.add_tensor("blk.0.ffn_up.weight", np.zeros((2, 8), dtype=np.int32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -335,17 +337,30 @@ def test_gguf_card(tmp_path: Path) -> None:
     assert card["dtypes"] == {"F16": 1, "F32": 1}
     assert card["tokenizer"] == {"kind": "bpe", "files": ["model-f16.gguf"]}
     assert card["config"]["general.architecture"] == "llama"
-    assert any("GGUF" in w for w in result.warnings)
+    assert result.metrics["dtypes"] == {"F16": 1, "F32": 1}
 
 
-def test_gguf_already_quantized(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="'blk.0.ffn_up.weight' is Q4_K: the file is already quantized"):
-        _inspect(_gguf_folder(tmp_path, quantized=True), tmp_path)
+def test_gguf_quantized_source_is_accepted_with_its_types(tmp_path: Path) -> None:
+    card, result = _inspect(_gguf_folder(tmp_path, quantized=True), tmp_path)
+    assert card["dtypes"] == {"F16": 1, "F32": 1, "Q4_K": 1}
+    entry = {"name": "blk.0.ffn_up.weight", "shape": [2, 256], "dtype": "Q4_K", "shard": "model-f16.gguf"}
+    assert entry in card["tensors"]
+    assert result.metrics["dtypes"]["Q4_K"] == 1
 
 
-def test_gguf_unsupported_architecture(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="GGUF architecture 'gemma3' is not supported"):
-        _inspect(_gguf_folder(tmp_path, arch="gemma3"), tmp_path)
+def test_gguf_integer_tensor_refused(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="'blk.0.ffn_up.weight' is I32, which gguf cannot dequantize"):
+        _inspect(_gguf_folder(tmp_path, integer=True), tmp_path)
+
+
+def test_gguf_any_llama_cpp_architecture(tmp_path: Path) -> None:
+    card, _ = _inspect(_gguf_folder(tmp_path, arch="gemma3"), tmp_path)
+    assert card["architecture"] == "gemma3"
+
+
+def test_gguf_unknown_architecture(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="GGUF architecture 'no-such-arch' is not one llama.cpp knows"):
+        _inspect(_gguf_folder(tmp_path, arch="no-such-arch"), tmp_path)
 
 
 def test_gguf_truncated(tmp_path: Path) -> None:

@@ -1,0 +1,168 @@
+"""Judging what a model generated and how far its predictions are from its source's.
+
+Pure functions over token ids, texts and logits (numpy): no llama.cpp, no files.
+
+Example::
+
+    repetition_of([5, 5, 5, 5], "tre tre tre tre")        # 'token 5 repeats 4+ times in a row'
+    stats = agreement_stats(source_logits, candidate_logits, tokens)
+    stats.top1_agreement, stats.mean_kl
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["Check", "AgreementStats", "repetition_of", "first_answer", "agreement_stats", "verdict_of"]
+
+_MAX_TOKEN_RUN = 4  # the same token this many times in a row is a loop, not an answer
+_MAX_LOOP_PERIOD = 8  # longest token cycle looked for
+_LOOP_MATCH = 0.8  # a cycle may be imperfect: this share of the tail must follow it
+_MIN_TEXT_UNIT_REPEATS = 3  # " tre tre tre": a unit of text three times in a row...
+_MIN_TEXT_LOOP_CHARS = 6  # ...spanning at least this many characters ("111111", "ababab")
+_MAX_TEXT_UNIT_CHARS = 16
+_KL_CHUNK_ROWS = 16  # rows of [n_vocab] float64 softmax at a time (262k vocab: 32 MB per chunk)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One judged sign: ``verdict`` is 'pass', 'warn' or 'fail'; ``numbers`` back the reason."""
+
+    name: str
+    verdict: str
+    reason: str
+    numbers: dict[str, Any] | None = None
+
+
+def verdict_of(checks: list[Check]) -> str:
+    """The worst verdict among the checks ('pass' when there are none)."""
+    verdicts = {c.verdict for c in checks}
+    return "fail" if "fail" in verdicts else "warn" if "warn" in verdicts else "pass"
+
+
+def _token_loop(tokens: list[int]) -> str | None:
+    run_token, run_len = None, 0
+    for token in tokens:
+        run_len = run_len + 1 if token == run_token else 1
+        run_token = token
+        if run_len >= _MAX_TOKEN_RUN:
+            return f"token {token} repeats {run_len}+ times in a row"
+    if len(tokens) < 6:
+        return None
+    top_token, top = Counter(tokens).most_common(1)[0]
+    if top * 2 >= len(tokens):
+        return f"token {top_token} makes up {top} of {len(tokens)} generated tokens"
+    tail = tokens[len(tokens) // 3 :]
+    for period in range(1, _MAX_LOOP_PERIOD + 1):
+        if len(tail) < 2 * period + 1:
+            break
+        total = len(tail) - period
+        same = sum(tail[i] == tail[i - period] for i in range(period, len(tail)))
+        # An exact cycle needs two turns; an imperfect one (80%) needs three to count.
+        if same == total or (len(tail) >= 3 * period and same >= _LOOP_MATCH * total):
+            return f"the output cycles with a period of {period} token(s) ({same}/{total} match)"
+    return None
+
+
+def _text_loop(text: str) -> str | None:
+    # A unit of 1..16 characters repeated back to back: "111111", " tre tre tre", "ababab".
+    pattern = rf"(.{{1,{_MAX_TEXT_UNIT_CHARS}}}?)\1{{{_MIN_TEXT_UNIT_REPEATS - 1},}}"
+    for match in re.finditer(pattern, text, flags=re.DOTALL):
+        unit = match.group(1)
+        if len(match.group(0)) >= _MIN_TEXT_LOOP_CHARS and unit.strip():
+            count = len(match.group(0)) // len(unit)
+            return f"{unit!r} repeats {count} times in a row in {text!r}"
+    return None
+
+
+def repetition_of(tokens: list[int], text: str) -> str | None:
+    """A description of a degenerate loop in generated output, or None.
+
+    Flags: a token 4+ times in a row; one token making up half the output; a tail that
+    follows a cycle of up to 8 tokens (80% of it, so one odd token does not hide a loop);
+    a non-blank unit of up to 16 characters repeated 3+ times back to back over 6+
+    characters ("111111", " tre tre tre"). Counting ("2+1=3\\n3+1=4") is not a loop: its
+    units differ.
+    """
+    return _token_loop(tokens) or _text_loop(text)
+
+
+def first_answer(text: str) -> str | None:
+    """The first number in a completion ("2" in " 2, 2+1=3"), or None when there is none."""
+    match = re.search(r"-?\d+(?:\.\d+)?", text)
+    return match.group(0) if match else None
+
+
+@dataclass(frozen=True)
+class AgreementStats:
+    """How a model's next-token predictions compare with its source's over one text.
+
+    Over ``n_positions`` positions (each predicts the following token of the text):
+    ``top1_agreement`` is the share where both pick the same most likely token; ``mean_kl``
+    the mean KL(source || model) in nats (``max_kl``, ``p90_kl`` its spread);
+    ``source_nll`` / ``candidate_nll`` the mean negative log-likelihood of the actual next
+    token (log perplexity) under each; ``uniform_kl`` the mean KL(source || uniform), the
+    divergence of a model that knows nothing, as a yardstick for ``mean_kl``.
+    """
+
+    n_positions: int
+    top1_agreement: float
+    mean_kl: float
+    p90_kl: float
+    max_kl: float
+    source_nll: float
+    candidate_nll: float
+    uniform_kl: float
+
+
+def _log_softmax(logits: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    out: npt.NDArray[np.float64] = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    return out
+
+
+def agreement_stats(
+    source_logits: npt.NDArray[Any], candidate_logits: npt.NDArray[Any], tokens: list[int]
+) -> AgreementStats:
+    """Compare two ``[n_tokens, n_vocab]`` logit arrays computed over the same ``tokens``.
+
+    Position ``i`` predicts ``tokens[i + 1]``; the last position has no target and is left
+    out. Works in float64 on chunks of rows. Raises ValueError for mismatched shapes or
+    fewer than two tokens.
+    """
+    if source_logits.shape != candidate_logits.shape or source_logits.ndim != 2:
+        raise ValueError(f"logit shapes differ: {source_logits.shape} vs {candidate_logits.shape}")
+    n = min(len(tokens), source_logits.shape[0]) - 1
+    if n < 1:
+        raise ValueError("agreement needs a text of at least two tokens")
+    n_vocab = source_logits.shape[1]
+    targets = np.asarray(tokens[1 : n + 1], dtype=np.int64)
+    same, kls, src_nll, cand_nll, uni = [], [], [], [], []
+    for r0 in range(0, n, _KL_CHUNK_ROWS):
+        r1 = min(n, r0 + _KL_CHUNK_ROWS)
+        src = _log_softmax(np.asarray(source_logits[r0:r1], dtype=np.float64))
+        cand = _log_softmax(np.asarray(candidate_logits[r0:r1], dtype=np.float64))
+        p = np.exp(src)
+        kls.append((p * (src - cand)).sum(axis=1))
+        same.append(src.argmax(axis=1) == cand.argmax(axis=1))
+        rows = np.arange(r1 - r0)
+        src_nll.append(-src[rows, targets[r0:r1]])
+        cand_nll.append(-cand[rows, targets[r0:r1]])
+        uni.append(np.log(n_vocab) + (p * src).sum(axis=1))  # log V - H(p)
+    kl = np.maximum(np.concatenate(kls), 0.0)  # rounding can leave -1e-16
+    return AgreementStats(
+        n_positions=n,
+        top1_agreement=float(np.concatenate(same).mean()),
+        mean_kl=float(kl.mean()),
+        p90_kl=float(np.quantile(kl, 0.9)),
+        max_kl=float(kl.max()),
+        source_nll=float(np.concatenate(src_nll).mean()),
+        candidate_nll=float(np.concatenate(cand_nll).mean()),
+        uniform_kl=float(np.concatenate(uni).mean()),
+    )
