@@ -342,6 +342,9 @@ def _error_kind(exc: BaseException) -> str:
 
 
 def _record_failure(session: Session, run: StageRun, exc: BaseException) -> None:
+    # A stage may attach the evidence of its failure (validate's whole report) as metrics.
+    evidence = getattr(exc, "metrics", None)
+    extra = {"metrics": _jsonable(evidence)} if isinstance(evidence, Mapping) else {}
     repo.set_stage_state(
         session,
         run,
@@ -349,6 +352,7 @@ def _record_failure(session: Session, run: StageRun, exc: BaseException) -> None
         error_kind=_error_kind(exc),
         error_message=f"{type(exc).__name__}: {exc}",
         error_traceback="".join(traceback.format_exception(exc))[-20000:],
+        **extra,
     )
 
 

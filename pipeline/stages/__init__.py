@@ -19,7 +19,7 @@ UPSTREAM: dict[StageName, tuple[StageName, ...]] = {
     StageName.INSPECT: (StageName.DOWNLOAD, StageName.CHECKSUM),
     StageName.DECOMPOSE: (StageName.DOWNLOAD, StageName.INSPECT),
     StageName.PACKAGE: (StageName.DOWNLOAD, StageName.INSPECT, StageName.DECOMPOSE),
-    StageName.VALIDATE: (StageName.PACKAGE, StageName.DECOMPOSE),
+    StageName.VALIDATE: (StageName.PACKAGE, StageName.DECOMPOSE, StageName.INSPECT, StageName.DOWNLOAD),
 }
 
 

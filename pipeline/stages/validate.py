@@ -1,20 +1,34 @@
-"""Validate stage: load the packaged GGUF in llama.cpp, run a greedy "1+1=" and judge the result.
+"""Validate stage: run the converted GGUF in llama.cpp next to its source and judge the result.
 
-Inputs: ``package/model.gguf`` and, when present, ``decompose/report.json``. Output:
-``validation.json`` with the generated text, timings, the backend that ran, and checks
-each with a verdict (pass / warn / fail) and a reason:
+Inputs: ``package/model.gguf``; ``decompose/report.json`` (what was decided); and the source:
+``inspect/model_card.json`` with the ``download/*`` files. The source is run as a GGUF too:
+a GGUF source as it is, an HF checkpoint as a 16-bit GGUF built here from the same tensors
+decompose read, under the converted file's metadata (`validation.reference`).
+
+Output ``validation.json``, the same dict as the stage's metrics (so ``bonsai show --json``
+carries it as "validation"): the verdict, ``checks`` (name -> pass / warn / fail),
+``details`` (each check's reason and numbers), the texts, the agreement figures, the
+source's own answers, the backend that ran and the parameters. The checks:
 
 - ``loads``: llama.cpp opens the file and generates (fail otherwise);
-- ``answer``: the completion contains the expected answer (warn otherwise: tiny or
-  heavily compressed models may not know arithmetic);
-- ``repetition``: output collapsed into one token or a short loop (warn);
-- ``sparsity``: ternary tensors are not all ±1 (0% zeros means the fit collapsed: fail);
-- ``bits_per_weight``: block linear weights are stored at the recipe's ternary rate;
-- ``tensor_types``: types in the file are the ones decompose decided.
+- ``answer``: greedy ``1+1=`` completes with the expected answer first (warn otherwise: small
+  or heavily compressed models may not know arithmetic); ``chat_answer``: the same for
+  "What is 1+1?" through the file's chat template, when it has one;
+- ``source_answer``: whether the source itself answers (so a missed answer can be blamed);
+- ``repetition``: output collapsed into one token or a short loop: fail when the source does
+  not loop on the same prompt (the conversion did it), warn when it does too or is absent;
+- ``agreement``: top-1 next-token agreement and mean KL(source || converted) over a short
+  built-in text; fail below the recipe's floor, or when the KL is no smaller than a uniform
+  guess's (the model no longer predicts like its source);
+- ``sparsity``: ternary tensors are not all ±1 (0% zeros: fail);
+- ``bits_per_weight`` / ``tensor_types``: the file holds what decompose decided and the recipe
+  asked for (named fallbacks make a warning).
 
-llama.cpp runs in a child process: a broken file can abort the process that loads it,
-and that must fail this stage, not kill the worker. Any failed check writes the report
-(the evidence) and then raises IntegrityError naming the failed checks.
+Prompts, expected answers, context size, threads, GPU offload and the agreement thresholds
+are job options (see `Params`). llama.cpp runs in child processes (`validation.probe`): a
+broken file can abort the process that loads it, and that must fail this stage, not kill
+the worker. Any failed check writes the report and raises `ValidationFailed`, which carries
+the report as metrics so the failed attempt still shows it.
 """
 
 from __future__ import annotations
@@ -22,42 +36,53 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
-import subprocess
-import sys
-import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError, IntegrityError
-from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult
+from pipeline.errors import InputError, IntegrityError, PipelineError
+from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult, inputs_of
+from pipeline.validation.judge import Check, first_answer, repetition_of, verdict_of
 
-__all__ = ["NAME", "VERSION", "Params", "Check", "make_params", "run", "repetition_of", "first_answer"]
+__all__ = [
+    "NAME",
+    "VERSION",
+    "Params",
+    "Check",
+    "ValidationFailed",
+    "make_params",
+    "run",
+    "repetition_of",
+    "first_answer",
+    "DEFAULT_AGREEMENT_TEXT",
+]
 
 NAME = "validate"
-VERSION = "1"
+VERSION = "2"
 OUTPUT_NAME = "validation.json"
+REPORT_FORMAT = "validation-report/2"
 
 log = logging.getLogger(__name__)
 
-_LINEAR = re.compile(
-    r"^blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|attn_qkv|ffn_gate|ffn_up|ffn_down)\.weight$"
+# A few plain sentences: common words, no numbers or names a small model could not know.
+DEFAULT_AGREEMENT_TEXT = (
+    "The river runs through the old town and past the market square. Every morning the bakers "
+    "open their doors, and the smell of fresh bread fills the street. Children walk to school "
+    "while their parents hurry to work. In the evening the lamps are lit, and people meet their "
+    "friends for dinner."
 )
-_TERNARY_TYPES = ("TQ1_0", "TQ2_0")
-_BPW_PASS_REL = 0.01  # linear weights within 1% of the recipe rate: all ternary
-_BPW_WARN_REL = 0.25  # within 25%: some named fallbacks; beyond: the recipe was not applied
-_SPARSITY_SAMPLE_ROWS = 64  # rows per tensor decoded to measure sparsity from the file itself
-_STDERR_TAIL_CHARS = 2000
-_MAX_TOKEN_RUN = 4  # the same token this many times in a row is a loop, not an answer
-_MAX_LOOP_PERIOD = 8
 
 
 @dataclass(frozen=True)
 class Params:
-    """llama.cpp settings and the sanity prompt. ``n_gpu_layers=0`` keeps everything on CPU
-    (mainline CUDA has no TQ2_0 kernel); ``timeout_s`` bounds load + generation."""
+    """Validation settings; each field is also a job option of the same name.
+
+    Agreement thresholds: ``pass`` needs top-1 agreement >= ``agreement_pass_top1`` and mean
+    KL <= ``agreement_pass_kl`` (nats); ``fail`` is top-1 < ``agreement_fail_top1`` or KL >
+    ``agreement_fail_kl``; anything between is a warning. ``n_gpu_layers=0`` keeps llama.cpp
+    on the CPU (mainline CUDA has no TQ2_0 kernel); ``timeout_s`` bounds each llama.cpp run.
+    """
 
     recipe: str = "tq2_0"
     n_ctx: int = 256
@@ -66,299 +91,270 @@ class Params:
     seed: int = 0
     prompt: str = "1+1="
     expected: str = "2"
+    chat_prompt: str = "What is 1+1?"
+    chat_expected: str = "2"
     max_tokens: int = 16
+    chat_max_tokens: int = 32
+    agreement_text: str = DEFAULT_AGREEMENT_TEXT
+    agreement_pass_top1: float = 0.85
+    agreement_pass_kl: float = 0.10
+    agreement_fail_top1: float = 0.50
+    agreement_fail_kl: float = 1.0
     timeout_s: float = 300.0
 
 
-@dataclass(frozen=True)
-class Check:
-    """One judged sign: verdict is 'pass', 'warn' or 'fail'."""
+class ValidationFailed(IntegrityError):
+    """A check failed; ``metrics`` is the whole report, recorded on the failed attempt."""
 
-    name: str
-    verdict: str
-    reason: str
+    def __init__(self, message: str, metrics: Mapping[str, Any]) -> None:
+        super().__init__(message)
+        self.metrics = dict(metrics)
 
 
 def make_params(job: JobSpec) -> Params:
-    """Params from the job's recipe and options: ``n_ctx``, ``n_threads``, ``n_gpu_layers``, ``timeout_s``."""
-    opts = job.options
-    try:
-        return Params(
-            recipe=job.recipe,
-            n_ctx=int(opts.get("n_ctx", 256)),
-            n_threads=int(opts.get("n_threads", min(4, os.cpu_count() or 1))),
-            n_gpu_layers=int(opts.get("n_gpu_layers", 0)),
-            timeout_s=float(opts.get("timeout_s", 300.0)),
-        )
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"validate options {dict(opts)} hold a non-numeric value: {exc}") from exc
+    """Params from the job's recipe and options (any `Params` field by name).
 
-
-# --- llama.cpp probe (runs in a child process) -------------------------------------------------
-
-
-def _probe(request: Mapping[str, Any]) -> dict[str, Any]:
-    """Load the model and generate greedily; the child process's whole job."""
-    import llama_cpp
-
-    started = time.perf_counter()
-    model = llama_cpp.Llama(
-        model_path=request["path"],
-        n_ctx=request["n_ctx"],
-        n_threads=request["n_threads"],
-        n_gpu_layers=request["n_gpu_layers"],
-        seed=request["seed"],
-        verbose=False,
-    )
-    load_s = time.perf_counter() - started
-    prompt_ids = model.tokenize(request["prompt"].encode("utf-8"), add_bos=True, special=False)
-    generated: list[int] = []
-    started = time.perf_counter()
-    # temp=0 is greedy; repeat_penalty 1.0 so nothing but the logits picks the token.
-    for token in model.generate(prompt_ids, temp=0.0, top_k=1, repeat_penalty=1.0):
-        if token == model.token_eos():
-            break
-        generated.append(int(token))
-        if len(generated) >= request["max_tokens"]:
-            break
-    gen_s = time.perf_counter() - started
-    offload = bool(llama_cpp.llama_supports_gpu_offload())
-    return {
-        "text": model.detokenize(generated).decode("utf-8", errors="replace"),
-        "tokens": generated,
-        "prompt_tokens": len(prompt_ids),
-        "load_s": round(load_s, 4),
-        "gen_s": round(gen_s, 4),
-        "tokens_per_s": round(len(generated) / gen_s, 2) if gen_s > 0 else None,
-        "backend": {
-            "llama_cpp_python": llama_cpp.__version__,
-            "supports_gpu_offload": offload,
-            "n_gpu_layers": request["n_gpu_layers"],
-            "device": "gpu" if offload and request["n_gpu_layers"] != 0 else "cpu",
-            "system_info": llama_cpp.llama_print_system_info().decode("utf-8", errors="replace").strip(),
-        },
-    }
-
-
-def _probe_main() -> None:
-    """Child entry point: request JSON on stdin, result JSON written to the path it names."""
-    request = json.loads(sys.stdin.read())
-    result = _probe(request)
-    Path(request["result_path"]).write_text(json.dumps(result), encoding="utf-8")
-
-
-def _run_probe(path: Path, params: Params, workdir: Path) -> tuple[dict[str, Any] | None, str]:
-    """(result, '') or (None, why it failed)."""
-    result_path = workdir / ".validate-probe.json"
-    request = {
-        "path": str(path),
-        "n_ctx": params.n_ctx,
-        "n_threads": params.n_threads,
-        "n_gpu_layers": params.n_gpu_layers,
-        "seed": params.seed,
-        "prompt": params.prompt,
-        "max_tokens": params.max_tokens,
-        "result_path": str(result_path),
-    }
-    # The child must import this same checkout even when it is not pip-installed.
-    root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    code = "from pipeline.stages.validate import _probe_main; _probe_main()"
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", code],
-            input=json.dumps(request),
-            capture_output=True,
-            text=True,
-            timeout=params.timeout_s,
-            env=env,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return None, f"llama.cpp did not load and generate within {params.timeout_s:g} s"
-    try:
-        if proc.returncode != 0 or not result_path.is_file():
-            tail = proc.stderr.strip()[-_STDERR_TAIL_CHARS:]
-            return None, f"llama.cpp could not load or run the file (exit {proc.returncode}): {tail}"
-        return json.loads(result_path.read_text(encoding="utf-8")), ""
-    finally:
-        result_path.unlink(missing_ok=True)
-
-
-# --- checks -------------------------------------------------------------------------------------
-
-
-def repetition_of(tokens: list[int], text: str) -> str | None:
-    """A description of a degenerate loop in generated output, or None.
-
-    Flags a token repeated 4+ times in a row, one token making up half the output, a
-    tail that cycles with a period of up to 8 tokens for 2+ full turns, and a character
-    repeated 6+ times (like "111111").
+    Raises InputError for a value of the wrong kind, or thresholds out of order or range.
     """
-    run_token, run_len = None, 0
-    for token in tokens:
-        run_len = run_len + 1 if token == run_token else 1
-        run_token = token
-        if run_len >= _MAX_TOKEN_RUN:
-            return f"token {token} repeats {run_len}+ times in a row"
-    if len(tokens) >= 6:
-        top = max(tokens.count(t) for t in set(tokens))
-        if top * 2 >= len(tokens):
-            return f"one token makes up {top} of {len(tokens)} generated tokens"
-        tail = tokens[len(tokens) // 3 :]
-        for period in range(1, _MAX_LOOP_PERIOD + 1):
-            if len(tail) >= 2 * period + 1 and all(
-                tail[i] == tail[i - period] for i in range(period, len(tail))
-            ):
-                return f"the output loops with period {period} token(s)"
-    if re.search(r"(.)\1{5,}", text.replace(" ", "")):
-        return f"a character repeats 6+ times in {text!r}"
-    return None
+    values: dict[str, Any] = {"recipe": job.recipe, "n_threads": min(4, os.cpu_count() or 1)}
+    for item in fields(Params):
+        if item.name == "recipe" or item.name not in job.options:
+            continue
+        raw = job.options[item.name]
+        kind = type(getattr(Params(), item.name))
+        try:
+            values[item.name] = raw if kind is str and isinstance(raw, str) else kind(raw)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"validate option {item.name}={raw!r} is not a {kind.__name__}: {exc}") from exc
+        if kind is str and not isinstance(raw, str):
+            raise InputError(f"validate option {item.name}={raw!r} must be text")
+    params = Params(**values)
+    if not 0.0 <= params.agreement_fail_top1 <= params.agreement_pass_top1 <= 1.0:
+        raise InputError(
+            f"validate options: need 0 <= agreement_fail_top1 ({params.agreement_fail_top1}) <= "
+            f"agreement_pass_top1 ({params.agreement_pass_top1}) <= 1"
+        )
+    if not 0.0 <= params.agreement_pass_kl <= params.agreement_fail_kl:
+        raise InputError(
+            f"validate options: need 0 <= agreement_pass_kl ({params.agreement_pass_kl}) <= "
+            f"agreement_fail_kl ({params.agreement_fail_kl})"
+        )
+    if params.n_ctx < 16 or params.max_tokens < 1 or params.timeout_s <= 0:
+        raise InputError(
+            f"validate options: n_ctx {params.n_ctx} (>= 16), max_tokens {params.max_tokens} "
+            f"(>= 1) and timeout_s {params.timeout_s} (> 0) are out of range"
+        )
+    return params
 
 
-def first_answer(text: str) -> str | None:
-    """The first number in a completion ("2" in " 2, 2+1=3"), or None when there is none."""
-    match = re.search(r"-?\d+(?:\.\d+)?", text)
-    return match.group(0) if match else None
+# --- running both models ------------------------------------------------------------------------
 
 
-def _sampled_sparsity(path: Path) -> tuple[float | None, int]:
-    """Fraction of zero weights in the file's ternary tensors (sampled rows), and their count."""
-    import gguf
+def _request(path: Path, params: Params) -> Any:
+    from pipeline.validation.probe import ProbeRequest
+
+    return ProbeRequest(
+        path=str(path),
+        prompts=(params.prompt,),
+        max_tokens=params.max_tokens,
+        chat_prompt=params.chat_prompt or None,
+        chat_max_tokens=params.chat_max_tokens,
+        text=params.agreement_text or None,
+        n_ctx=params.n_ctx,
+        n_threads=params.n_threads,
+        n_gpu_layers=params.n_gpu_layers,
+        seed=params.seed,
+    )
+
+
+def _reference(
+    inputs: Mapping[str, InputFile], converted: Path, workdir: Path
+) -> tuple[Path | None, str, str]:
+    """(path of the source as GGUF or None, its kind, why there is none)."""
+    from pipeline.validation.reference import build_reference
+
+    card_item = inputs.get("inspect/model_card.json")
+    download = {name: item.path for name, item in inputs_of(inputs, "download").items()}
+    if card_item is None or not download:
+        return None, "none", "no source inputs (inspect/model_card.json, download/*) were given"
+    try:
+        card = json.loads(card_item.path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise IntegrityError(f"inspect/model_card.json is not readable JSON: {exc}") from exc
+    if card.get("format") == "gguf":
+        shard = str((card.get("shards") or [""])[0])
+        if shard not in download:
+            return None, "gguf-source", f"the source file {shard!r} is not among the inputs"
+        return download[shard], "gguf-source", ""
+    try:
+        return build_reference(card, download, converted, workdir / ".reference.gguf"), "hf-16bit", ""
+    except PipelineError as exc:
+        return None, "hf-16bit", f"could not build the 16-bit reference from the source: {exc}"
+
+
+def _agreement(
+    candidate: Mapping[str, Any], source: Mapping[str, Any] | None, source_why: str, params: Params
+) -> Check:
+    """Top-1 agreement and mean KL over the built-in text, judged against the thresholds."""
     import numpy as np
 
-    reader = gguf.GGUFReader(path)
-    zeros = total = n_tensors = 0
-    for tensor in reader.tensors:
-        qtype = gguf.GGMLQuantizationType(tensor.tensor_type)
-        if qtype.name not in _TERNARY_TYPES:
-            continue
-        n_tensors += 1
-        data = np.asarray(tensor.data)
-        rows = data.reshape(-1, data.shape[-1]) if data.ndim > 1 else data.reshape(1, -1)
-        pick = np.linspace(0, rows.shape[0] - 1, min(rows.shape[0], _SPARSITY_SAMPLE_ROWS)).astype(np.int64)
-        values = gguf.quants.dequantize(np.ascontiguousarray(rows[pick]), qtype)
-        zeros += int(np.count_nonzero(values == 0))
-        total += int(values.size)
-    return (zeros / total if total else None), n_tensors
+    from pipeline.validation.judge import agreement_stats
 
-
-def _check_sparsity(path: Path, report: Mapping[str, Any] | None) -> Check:
-    measured, n_tensors = _sampled_sparsity(path)
-    reported = (report or {}).get("totals", {}).get("sparsity")
-    if n_tensors == 0:
+    if source is None:
+        return Check("agreement", "warn", f"agreement with the source not measured: {source_why}")
+    if not params.agreement_text:
+        return Check("agreement", "warn", "agreement not measured: the agreement text option is empty")
+    if candidate["n_vocab"] != source["n_vocab"]:
         return Check(
-            "sparsity", "warn", "the file has no ternary (TQ1_0/TQ2_0) tensors; sparsity not applicable"
+            "agreement",
+            "fail",
+            f"vocabularies differ: source {source['n_vocab']} tokens, converted {candidate['n_vocab']}",
+            {"n_vocab": [source["n_vocab"], candidate["n_vocab"]]},
         )
-    detail = f"measured {measured:.1%} zeros over sampled rows of {n_tensors} ternary tensors"
-    if reported is not None:
-        detail += f"; decompose reported {reported:.1%}"
-    if measured == 0.0 or reported == 0.0:
+    ids_src, ids_cand = source["text"]["tokens"], candidate["text"]["tokens"]
+    if ids_src != ids_cand:
+        first = next(
+            (i for i, (a, b) in enumerate(zip(ids_src, ids_cand, strict=False)) if a != b),
+            min(len(ids_src), len(ids_cand)),
+        )
         return Check(
-            "sparsity", "fail", f"0% sparsity: every ternary weight is ±1, the fit collapsed ({detail})"
+            "agreement",
+            "fail",
+            f"the tokenizers disagree on the agreement text: source "
+            f"{len(ids_src)} tokens, converted {len(ids_cand)}, first difference at token {first}",
         )
-    if reported is not None and abs(measured - reported) > 0.05:
-        return Check("sparsity", "warn", f"file and report disagree by more than 5 points ({detail})")
-    return Check("sparsity", "pass", detail)
-
-
-def _recipe_type(recipe: str, report: Mapping[str, Any] | None) -> str | None:
-    from pipeline.ternary.policy import RECIPES
-
-    if report and isinstance(report.get("ternary_type"), str):
-        return str(report["ternary_type"])
-    known = RECIPES.get(recipe)
-    return known.ternary_type if known else None
-
-
-def _check_bpw(summary: Any, ternary_type: str | None) -> Check:
-    import gguf
-
-    if ternary_type is None:
-        return Check("bits_per_weight", "warn", "unknown recipe: no bits-per-weight target to compare with")
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[ternary_type]]
-    target = size * 8 / block
-    linear = [n for n in summary.shapes if _LINEAR.match(n)]
-    n_params = sum(_numel(summary.shapes[n]) for n in linear)
-    n_bits = sum(_numel(summary.shapes[n]) * _type_bpw(summary.tensor_types[n]) for n in linear)
-    if not n_params:
-        return Check("bits_per_weight", "fail", "the file has no block linear weights to measure")
-    bpw = n_bits / n_params
-    rel = abs(bpw - target) / target
+    stats = agreement_stats(np.load(source["logits_path"]), np.load(candidate["logits_path"]), ids_src)
+    numbers = {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(stats).items()}
+    numbers["is_text_truncated"] = bool(source["text"]["is_truncated"])
     detail = (
-        f"block linear weights at {bpw:.4f} bpw, recipe {ternary_type} is {target:.4f}; "
-        f"whole file {summary.bits_per_weight:.3f}"
+        f"top-1 agreement {stats.top1_agreement:.1%}, mean KL {stats.mean_kl:.3f} nats over "
+        f"{stats.n_positions} positions of the agreement text (log-perplexity source "
+        f"{stats.source_nll:.2f}, converted {stats.candidate_nll:.2f}; a model that knows nothing "
+        f"would be at KL {stats.uniform_kl:.2f})"
     )
-    verdict = "pass" if rel <= _BPW_PASS_REL else "warn" if rel <= _BPW_WARN_REL else "fail"
-    return Check("bits_per_weight", verdict, detail)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def _type_bpw(type_name: str) -> float:
-    import gguf
-
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
-    return size * 8 / block
-
-
-def _check_types(summary: Any, ternary_type: str | None, report: Mapping[str, Any] | None) -> Check:
-    from pipeline.gguf_pack.names import GENERATED_TENSORS
-
-    planned = {t["name"]: t["ggml_type"] for t in (report or {}).get("tensors", []) if "name" in t}
-    if planned:
-        wrong = [
-            f"{n}: {summary.tensor_types.get(n)} (planned {t})"
-            for n, t in planned.items()
-            if summary.tensor_types.get(n) != t
-        ]
-        # Package computes some tensors from config.json; decompose never plans them.
-        extra = sorted(set(summary.tensor_types) - set(planned) - set(GENERATED_TENSORS))
-        if wrong or extra:
-            return Check(
-                "tensor_types",
-                "fail",
-                f"types differ from decompose's plan: {wrong[:5]}, unplanned {extra[:5]}",
-            )
-        return Check("tensor_types", "pass", f"all {len(planned)} tensors have the types decompose decided")
-    if ternary_type is None:
-        return Check("tensor_types", "warn", "no decompose report and unknown recipe: types not checked")
-    off = [n for n, t in summary.tensor_types.items() if _LINEAR.match(n) and t != ternary_type]
-    if off:
+    if stats.mean_kl >= stats.uniform_kl > 0.0:
+        # Scale-free floor: a near-uniform source (random weights) makes any absolute KL look small.
         return Check(
-            "tensor_types",
-            "warn",
-            f"{len(off)} linear weights are not {ternary_type} and no report names why: {off[:5]}",
+            "agreement",
+            "fail",
+            f"{detail}: no closer to the source than a model that knows "
+            "nothing; the converted model no longer predicts like its source",
+            numbers,
         )
-    return Check("tensor_types", "pass", f"every block linear weight is {ternary_type}")
+    if stats.top1_agreement < params.agreement_fail_top1 or stats.mean_kl > params.agreement_fail_kl:
+        return Check(
+            "agreement",
+            "fail",
+            f"{detail}: below the floor (top-1 >= "
+            f"{params.agreement_fail_top1:.0%} and KL <= {params.agreement_fail_kl:g}); the converted "
+            "model no longer predicts like its source",
+            numbers,
+        )
+    if stats.top1_agreement < params.agreement_pass_top1 or stats.mean_kl > params.agreement_pass_kl:
+        return Check(
+            "agreement",
+            "warn",
+            f"{detail}: short of a pass (top-1 >= {params.agreement_pass_top1:.0%} "
+            f"and KL <= {params.agreement_pass_kl:g})",
+            numbers,
+        )
+    return Check("agreement", "pass", detail, numbers)
 
 
-def _behaviour_checks(probe: Mapping[str, Any], params: Params) -> list[Check]:
-    text = probe["text"]
+# --- behaviour checks ---------------------------------------------------------------------------
+
+
+def _answer(
+    name: str, out: Mapping[str, Any] | None, expected: str, source_out: Mapping[str, Any] | None
+) -> Check:
+    text = out["text"] if out else ""
     found = first_answer(text)
+    source_found = first_answer(source_out["text"]) if source_out else None
+    numbers = {
+        "prompt": out["prompt"] if out else None,
+        "text": text,
+        "first_number": found,
+        "expected": expected,
+        "source_text": source_out["text"] if source_out else None,
+        "source_first_number": source_found,
+    }
     # The first number must be the answer: "12" or "3, 2" contain "2" but are wrong.
-    answer = (
-        Check("answer", "pass", f"{params.prompt!r} -> {text!r} answers {params.expected!r}")
-        if found == params.expected
-        else Check(
-            "answer",
-            "warn",
-            f"{params.prompt!r} -> {text!r}: first number {found!r}, expected {params.expected!r}",
+    if found == expected:
+        return Check(name, "pass", f"{numbers['prompt']!r} -> {text!r} answers {expected!r}", numbers)
+    blame = (
+        f"; the source answers {source_found!r}, so the conversion lost it"
+        if source_found == expected
+        else "; the source does not answer it either"
+        if source_out
+        else ""
+    )
+    return Check(
+        name,
+        "warn",
+        f"{numbers['prompt']!r} -> {text!r}: first number {found!r}, expected {expected!r}{blame}",
+        numbers,
+    )
+
+
+def _source_answer(source: Mapping[str, Any] | None, params: Params) -> Check | None:
+    if source is None:
+        return None
+    out = source["completions"][0]
+    found = first_answer(out["text"])
+    numbers = {
+        "prompt": out["prompt"],
+        "text": out["text"],
+        "first_number": found,
+        "expected": params.expected,
+    }
+    if found == params.expected:
+        return Check(
+            "source_answer", "pass", f"the source answers: {out['prompt']!r} -> {out['text']!r}", numbers
         )
+    return Check(
+        "source_answer",
+        "warn",
+        f"the source itself does not answer {params.expected!r}: "
+        f"{out['prompt']!r} -> {out['text']!r}; the answer checks say little about the conversion",
+        numbers,
     )
-    loop = repetition_of(list(probe["tokens"]), text)
-    repetition = (
-        Check("repetition", "warn", loop) if loop else Check("repetition", "pass", "no degenerate loop")
-    )
-    return [answer, repetition]
 
 
-# --- stage -------------------------------------------------------------------------------------
+def _outputs(probe: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    found = {"completion": probe["completions"][0]}
+    if probe.get("chat"):
+        found["chat"] = probe["chat"]
+    return found
+
+
+def _repetition(candidate: Mapping[str, Any], source: Mapping[str, Any] | None) -> Check:
+    loops = {
+        kind: repetition_of(list(out["tokens"]), out["text"]) for kind, out in _outputs(candidate).items()
+    }
+    loops = {kind: why for kind, why in loops.items() if why}
+    if not loops:
+        return Check("repetition", "pass", "no degenerate loop in the generated text", {"loops": {}})
+    source_loops = {}
+    if source is not None:
+        source_loops = {
+            kind: repetition_of(list(out["tokens"]), out["text"]) for kind, out in _outputs(source).items()
+        }
+    numbers = {"loops": loops, "source_loops": {k: v for k, v in source_loops.items() if v}}
+    listed = "; ".join(f"{kind}: {why}" for kind, why in loops.items())
+    if source is None:
+        return Check("repetition", "warn", f"{listed} (no source run to compare with)", numbers)
+    introduced = [kind for kind in loops if not source_loops.get(kind)]
+    if introduced:
+        return Check(
+            "repetition",
+            "fail",
+            f"{listed}; the source does not loop there, so the conversion broke it",
+            numbers,
+        )
+    return Check("repetition", "warn", f"{listed}; the source loops the same way", numbers)
+
+
+# --- stage ---------------------------------------------------------------------------------------
 
 
 def _load_report(inputs: Mapping[str, InputFile]) -> dict[str, Any] | None:
@@ -372,11 +368,6 @@ def _load_report(inputs: Mapping[str, InputFile]) -> dict[str, Any] | None:
     return report if isinstance(report, dict) else None
 
 
-def _verdict(checks: list[Check]) -> str:
-    verdicts = {c.verdict for c in checks}
-    return "fail" if "fail" in verdicts else "warn" if "warn" in verdicts else "pass"
-
-
 def _write_report(workdir: Path, report: Mapping[str, Any]) -> Path:
     dest = workdir / OUTPUT_NAME
     tmp = workdir / f".{OUTPUT_NAME}.partial"
@@ -385,42 +376,104 @@ def _write_report(workdir: Path, report: Mapping[str, Any]) -> Path:
     return dest
 
 
-def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> StageResult:
-    """Judge ``package/model.gguf``; writes validation.json, raises IntegrityError on any failed check."""
-    from pipeline.gguf_pack.inspect import inspect_gguf
+def _drop_logits(*probes: Mapping[str, Any] | None) -> None:
+    for probe in probes:
+        if probe and probe.get("logits_path"):
+            Path(probe["logits_path"]).unlink(missing_ok=True)
 
-    item = inputs.get("package/model.gguf")
-    if item is None:
-        raise InputError(f"validate needs package/model.gguf; inputs were {sorted(inputs)}")
-    workdir = Path(workdir)
+
+def _checks(
+    candidate: dict[str, Any],
+    path: Path,
+    summary: Any,
+    params: Params,
+    inputs: Mapping[str, InputFile],
+    workdir: Path,
+) -> tuple[list[Check], dict[str, Any]]:
+    """Every check after a successful load, and the source's side of the report."""
+    from pipeline.validation import file_checks
+    from pipeline.validation.probe import run_probe
+
     decompose_report = _load_report(inputs)
-    checks: list[Check] = []
-    probe: dict[str, Any] | None = None
-    summary = None
+    ref_path, ref_kind, why = _reference(inputs, path, workdir)
+    source: dict[str, Any] | None = None
+    if ref_path is not None:
+        source, why = run_probe(_request(ref_path, params), workdir, params.timeout_s, label="source")
     try:
-        summary = inspect_gguf(item.path)
-    except IntegrityError as exc:
-        checks.append(Check("loads", "fail", f"the file's GGUF structure is broken: {exc}"))
-    if summary is not None:
-        probe, why = _run_probe(item.path, params, workdir)
-        if probe is None:
-            checks.append(Check("loads", "fail", why))
-        else:
-            checks.append(
-                Check("loads", "pass", f"loaded in {probe['load_s']:.2f} s on {probe['backend']['device']}")
+        checks = [
+            _answer(
+                "answer",
+                candidate["completions"][0],
+                params.expected,
+                source["completions"][0] if source else None,
             )
-            checks += _behaviour_checks(probe, params)
-            ternary_type = _recipe_type(params.recipe, decompose_report)
-            checks += [
-                _check_sparsity(item.path, decompose_report),
-                _check_bpw(summary, ternary_type),
-                _check_types(summary, ternary_type, decompose_report),
-            ]
-    verdict = _verdict(checks)
-    report = {
-        "format": "validation-report/1",
+        ]
+        if candidate.get("chat"):
+            checks.append(
+                _answer(
+                    "chat_answer",
+                    candidate["chat"],
+                    params.chat_expected,
+                    source.get("chat") if source else None,
+                )
+            )
+        checks += [c for c in [_source_answer(source, params)] if c is not None]
+        checks += [_repetition(candidate, source), _agreement(candidate, source, why, params)]
+    finally:
+        _drop_logits(candidate, source)
+        (workdir / ".reference.gguf").unlink(missing_ok=True)
+    ternary_type = file_checks.recipe_ternary_type(params.recipe, decompose_report)
+    checks += [
+        file_checks.check_sparsity(path, decompose_report),
+        file_checks.check_bits_per_weight(summary, ternary_type, decompose_report),
+        file_checks.check_types(summary, ternary_type, decompose_report),
+    ]
+    side = {
+        "kind": ref_kind,
+        "error": why or None,
+        "load_s": source["load_s"] if source else None,
+        "completion": source["completions"][0] if source else None,
+        "chat": source.get("chat") if source else None,
+    }
+    return checks, side
+
+
+def _report(
+    params: Params,
+    item: InputFile,
+    summary: Any,
+    candidate: dict[str, Any] | None,
+    checks: list[Check],
+    source: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    verdict = verdict_of(checks)
+    completion = candidate["completions"][0] if candidate else None
+    text = completion["text"] if completion else None
+    details = {c.name: {"verdict": c.verdict, "reason": c.reason, **(c.numbers or {})} for c in checks}
+    chat: dict[str, Any] | None = None
+    if candidate is not None:
+        chat = candidate["chat"] or {
+            "skipped": "the file has no tokenizer.chat_template"
+            if not candidate["has_chat_template"]
+            else "no chat prompt configured"
+        }
+    return {
+        "format": REPORT_FORMAT,
         "verdict": verdict,
-        "params": asdict(params),
+        "checks": {c.name: c.verdict for c in checks},
+        "details": details,
+        "text": text,
+        "n_tokens": len(completion["tokens"]) if completion else 0,
+        "has_expected_answer": bool(text is not None and first_answer(text) == params.expected),
+        "contains_expected": bool(text is not None and params.expected in text),
+        "load_s": candidate["load_s"] if candidate else None,
+        "tokens_per_s": completion["tokens_per_s"] if completion else None,
+        "device": candidate["backend"]["device"] if candidate else None,
+        "backend": candidate["backend"] if candidate else None,
+        "completion": completion,
+        "chat": chat,
+        "agreement": details.get("agreement"),
+        "source": source,
         "model": {"name": item.name, "sha256": item.sha256, "size_bytes": item.size_bytes},
         "gguf": None
         if summary is None
@@ -430,41 +483,56 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
             "bits_per_weight": round(summary.bits_per_weight, 4),
             "n_params": summary.n_params,
         },
-        "prompt": params.prompt,
-        "probe": probe,
-        "answer": None
-        if probe is None
-        else {
-            "text": probe["text"],
-            "first_number": first_answer(probe["text"]),
-            "is_expected": first_answer(probe["text"]) == params.expected,
-            "contains_expected": params.expected in probe["text"],
-        },
-        "checks": [asdict(c) for c in checks],
+        "params": asdict(params),
     }
+
+
+def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> StageResult:
+    """Judge ``package/model.gguf``; writes validation.json, raises ValidationFailed on any failed check."""
+    from pipeline.gguf_pack.inspect import inspect_gguf
+    from pipeline.validation.probe import run_probe
+
+    item = inputs.get("package/model.gguf")
+    if item is None:
+        raise InputError(f"validate needs package/model.gguf; inputs were {sorted(inputs)}")
+    workdir = Path(workdir)
+    checks: list[Check] = []
+    candidate: dict[str, Any] | None = None
+    source: dict[str, Any] | None = None
+    summary = None
+    try:
+        summary = inspect_gguf(item.path)
+    except IntegrityError as exc:
+        checks.append(Check("loads", "fail", f"the file's GGUF structure is broken: {exc}"))
+    if summary is not None:
+        candidate, why = run_probe(_request(item.path, params), workdir, params.timeout_s, label="converted")
+        if candidate is None:
+            checks.append(Check("loads", "fail", why))
+        else:
+            checks.append(
+                Check(
+                    "loads",
+                    "pass",
+                    f"loaded in {candidate['load_s']:.2f} s on {candidate['backend']['device']}",
+                    {"load_s": candidate["load_s"]},
+                )
+            )
+            more, source = _checks(candidate, item.path, summary, params, inputs, workdir)
+            checks += more
+    report = _report(params, item, summary, candidate, checks, source)
     path = _write_report(workdir, report)
+    log.info("validate: verdict %s; text %r; checks %s", report["verdict"], report["text"], report["checks"])
     failed = [c for c in checks if c.verdict == "fail"]
-    log.info("validate: verdict %s; text %r", verdict, probe["text"] if probe else None)
     if failed:
-        raise IntegrityError(
+        raise ValidationFailed(
             "validation failed: "
             + "; ".join(f"{c.name}: {c.reason}" for c in failed)
-            + f" (report kept at {path})"
+            + f" (report kept at {path})",
+            report,
         )
-    metrics = {
-        "verdict": verdict,
-        "text": probe["text"] if probe else None,
-        "n_tokens": len(probe["tokens"]) if probe else 0,
-        "has_expected_answer": bool(probe and first_answer(probe["text"]) == params.expected),
-        "contains_expected": bool(probe and params.expected in probe["text"]),
-        "load_s": probe["load_s"] if probe else None,
-        "tokens_per_s": probe["tokens_per_s"] if probe else None,
-        "device": probe["backend"]["device"] if probe else None,
-        "checks": {c.name: c.verdict for c in checks},
-    }
     warnings = tuple(f"{c.name}: {c.reason}" for c in checks if c.verdict == "warn")
     return StageResult(
         outputs=(OutputFile(OUTPUT_NAME, path, "validation-report", "application/json"),),
-        metrics=metrics,
+        metrics=report,
         warnings=warnings,
     )
