@@ -7,6 +7,7 @@ missing service fails them, because the README's test command starts the service
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 from collections.abc import Iterator
 
@@ -46,6 +47,13 @@ def pg_url() -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 @pytest.fixture
 def redis_url() -> str:
     import redis
@@ -55,3 +63,15 @@ def redis_url() -> str:
     except redis.RedisError as exc:
         _unavailable("Redis", exc)
     return REDIS_URL
+
+
+@pytest.fixture
+def broker_url(redis_url: str) -> Iterator[str]:
+    """A Redis database of its own (index 11) on the shared server, emptied before and after."""
+    import redis
+
+    url = redis_url.rsplit("/", 1)[0] + "/11"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    yield url
+    client.flushdb()

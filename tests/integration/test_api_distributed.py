@@ -7,7 +7,6 @@ task id, a message on the `io` queue, the queue depth in /metrics), then cancels
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,27 +18,12 @@ import pytest
 import redis
 
 from pipeline.api.auth import new_token
+from tests.integration.conftest import free_port
 
 pytestmark = pytest.mark.services
 
 TOKEN, ENTRY = new_token("ci", ("submit",))
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
-
-
-@pytest.fixture
-def broker_url(redis_url: str) -> Iterator[str]:
-    """A Redis database of its own on the shared server, emptied before and after."""
-    url = redis_url.rsplit("/", 1)[0] + "/12"
-    client = redis.Redis.from_url(url)
-    client.flushdb()
-    yield url
-    client.flushdb()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
@@ -55,7 +39,7 @@ def base_url(pg_url: str, broker_url: str, tmp_path: Path) -> Iterator[str]:
     assert (
         subprocess.run([*command, "db", "upgrade"], env=env, capture_output=True, timeout=120).returncode == 0
     )
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path / "serve.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(

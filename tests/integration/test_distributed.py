@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections import Counter
@@ -15,28 +14,13 @@ import pytest
 import redis
 
 from pipeline.demo import write_demo_checkpoint
+from tests.integration.conftest import free_port
 from tests.support.cluster import Cluster, store_is_clean
 from tests.support.hub_cache import COMMIT, REPO, cache_from_folder
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 LATER_STAGES = ["checksum", "inspect", "decompose", "package", "validate"]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@pytest.fixture
-def broker_url(redis_url: str) -> Iterator[str]:
-    """A Redis database of its own on the shared server, emptied before and after."""
-    url = redis_url.rsplit("/", 1)[0] + "/11"
-    client = redis.Redis.from_url(url)
-    client.flushdb()
-    yield url
-    client.flushdb()
 
 
 @pytest.fixture
@@ -125,7 +109,7 @@ def test_worker_lost_every_time_fails_with_reason(make_cluster, broker_url, tmp_
 
 
 def test_redis_restart_loses_no_job(make_cluster, demo_checkpoint, tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     redis_cmd = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                  "--appendonly", "no", "--dir", str(tmp_path)]
     server = subprocess.Popen(redis_cmd, stdout=subprocess.DEVNULL)
