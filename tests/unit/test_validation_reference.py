@@ -1,0 +1,82 @@
+"""The 16-bit reference of an HF source: same metadata and tensor names as the converted file,
+the source's exact weights, computed tensors copied from the converted file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+from conftest import card_for_checkpoint, package_inputs
+
+from pipeline.gguf_pack.gguf_source import dequantize_tensor
+from pipeline.gguf_pack.reader import GGUFFile
+from pipeline.gguf_pack.source import iter_tensors
+from pipeline.stages import package
+from pipeline.stages.base import JobSpec
+from pipeline.validation.reference import REFERENCE_KEY, build_reference
+
+
+def _converted(checkpoint: Path, card: dict[str, Any], tmp: Path) -> Path:
+    inputs = package_inputs(checkpoint, card, tmp)
+    (tmp / "work").mkdir()
+    return package.run(package.make_params(JobSpec(source="demo")), inputs, tmp / "work").outputs[0].path
+
+
+def test_reference_holds_the_source_weights(
+    demo_checkpoint: Path, demo_card: dict[str, Any], tmp_path: Path
+) -> None:
+    converted = _converted(demo_checkpoint, demo_card, tmp_path)
+    files = {shard: demo_checkpoint / shard for shard in demo_card["shards"]}
+    ref = GGUFFile(build_reference(demo_card, files, converted, tmp_path / "ref.gguf"))
+    conv = GGUFFile(converted)
+    assert [t.name for t in ref.tensors] == [t.name for t in conv.tensors]
+    for key, field in conv.fields.items():
+        if key not in ("general.file_type", "bonsai.recipe"):
+            assert ref.fields[key].typed() == field.typed(), key
+    assert ref.fields[REFERENCE_KEY].contents() is True
+    by_name = {t.name: t for t in ref.tensors}
+    for name, weight in iter_tensors(demo_card, files, "model.safetensors"):
+        tensor = by_name[name]
+        # The demo is BF16: the reference keeps it exactly (1-D tensors as F32).
+        assert tensor.tensor_type.name == ("F32" if weight.ndim == 1 else "BF16"), name
+        np.testing.assert_array_equal(dequantize_tensor(tensor), weight.numpy())
+
+
+def test_computed_tensors_come_from_the_converted_file(demo_checkpoint: Path, tmp_path: Path) -> None:
+    checkpoint = tmp_path / "llama3"
+    shutil.copytree(demo_checkpoint, checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["rope_scaling"] = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    card = card_for_checkpoint(checkpoint)
+    converted = _converted(checkpoint, card, tmp_path)
+    files = {shard: checkpoint / shard for shard in card["shards"]}
+    ref = {
+        t.name: t for t in GGUFFile(build_reference(card, files, converted, tmp_path / "ref.gguf")).tensors
+    }
+    conv = {t.name: t for t in GGUFFile(converted).tensors}
+    assert ref["rope_freqs.weight"].tensor_type is gguf.GGMLQuantizationType.F32
+    np.testing.assert_array_equal(ref["rope_freqs.weight"].data, conv["rope_freqs.weight"].data)
+
+
+@pytest.mark.llama
+def test_reference_runs_in_llama_cpp(
+    demo_checkpoint: Path, demo_card: dict[str, Any], tmp_path: Path
+) -> None:
+    llama_cpp = pytest.importorskip("llama_cpp")
+    converted = _converted(demo_checkpoint, demo_card, tmp_path)
+    files = {shard: demo_checkpoint / shard for shard in demo_card["shards"]}
+    path = build_reference(demo_card, files, converted, tmp_path / "ref.gguf")
+    model = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_threads=1, verbose=False)
+    assert model.n_vocab() == 512
