@@ -274,7 +274,7 @@ def reconcile(obj: CliContext, every_s: float | None, as_json: bool) -> None:
 
     rt = obj.runtime()
     while True:
-        report = reconcile_once(rt.sessions, obj.settings).as_dict()
+        report = reconcile_once(rt, obj.settings).as_dict()
         if as_json:
             click.echo(json.dumps(report))
         else:

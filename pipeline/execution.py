@@ -17,7 +17,7 @@ import shutil
 import socket
 import threading
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -27,7 +27,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from pipeline import provenance, signing
+from pipeline import fanout, provenance, signing
 from pipeline.artifacts.store import ArtifactStore
 from pipeline.db import repo
 from pipeline.db.models import Job, StageRun, utcnow
@@ -37,7 +37,7 @@ from pipeline.stages import UPSTREAM, load_stage
 from pipeline.stages.base import InputFile, JobSpec, StageResult
 from pipeline.states import StageName, StageState
 
-__all__ = ["Runtime", "execute_run", "cache_key", "gather_inputs"]
+__all__ = ["Runtime", "execute_run", "join_parent", "cache_key", "gather_inputs"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,8 @@ class Runtime:
     stage_package: str = "pipeline.stages"
     # Ed25519 private key: when set, every statement is signed (DSSE) as it is recorded.
     signing_key: Any | None = None
+    # Distributed mode: sends shard child runs to workers; None decomposes shards in-process.
+    fanout_dispatch: Callable[[list[int]], None] | None = None
 
 
 def cache_key(stage: StageName, version: str, params: Any, inputs: Mapping[str, InputFile]) -> str:
@@ -108,6 +110,13 @@ def gather_inputs(session: Session, store: ArtifactStore, job: Job, stage: Stage
 
 
 @dataclass(frozen=True)
+class _FannedOut:
+    """The claimed run handed its work to one child run per shard."""
+
+    child_ids: list[int]
+
+
+@dataclass(frozen=True)
 class _Claimed:
     """A run this process now owns, with everything needed to carry it out."""
 
@@ -131,6 +140,10 @@ def execute_run(rt: Runtime, run_id: int, use_cache: bool = True) -> StageState:
     claimed = _claim(rt, run_id, use_cache)
     if isinstance(claimed, StageState):
         return claimed
+    if isinstance(claimed, _FannedOut):
+        assert rt.fanout_dispatch is not None
+        rt.fanout_dispatch(claimed.child_ids)
+        return StageState.RUNNING  # the last child to finish joins the shards (see join_parent)
     module, params, inputs, stage = claimed.module, claimed.params, claimed.inputs, claimed.stage
     job_id, attempt, spec = claimed.job_id, claimed.attempt, claimed.spec
     log.info("job %s stage %s: attempt %s started on %s", job_id, stage.value, attempt, rt.worker_host)
@@ -163,7 +176,7 @@ def execute_run(rt: Runtime, run_id: int, use_cache: bool = True) -> StageState:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _claim(rt: Runtime, run_id: int, use_cache: bool) -> _Claimed | StageState:
+def _claim(rt: Runtime, run_id: int, use_cache: bool) -> _Claimed | _FannedOut | StageState:
     with session_scope(rt.sessions) as session:
         run = session.get(StageRun, run_id)
         if run is None:
@@ -174,6 +187,8 @@ def _claim(rt: Runtime, run_id: int, use_cache: bool) -> _Claimed | StageState:
         try:
             module = load_stage(stage, rt.stage_package)
             params = module.make_params(JobSpec(job.source, job.recipe, job.params))
+            if run.shard:
+                params = dataclasses.replace(params, shards=(run.shard,))
             inputs = gather_inputs(session, rt.store, job, stage)
             key = _cache_key_for(module, stage, params, inputs, rt.clients)
         except SQLAlchemyError:
@@ -201,8 +216,41 @@ def _claim(rt: Runtime, run_id: int, use_cache: bool) -> _Claimed | StageState:
                 session.rollback()
                 return StageState(session.get_one(StageRun, run_id).status)
         run.cache_key = key
-        spec = {"source": job.source, "recipe": job.recipe, "options": job.params}
-        return _Claimed(module, params, inputs, spec, stage, job.id, run.attempt)
+        if not run.shard and rt.fanout_dispatch is not None:
+            shards = fanout.shards_to_fan_out(stage, inputs)
+            if shards:
+                log.info("job %s stage %s: fanning out over %d shards", job.id, stage.value, len(shards))
+                return _FannedOut(fanout.spawn_children(session, run, shards))
+        return _Claimed(module, params, inputs, _spec(job), stage, job.id, run.attempt)
+
+
+def _spec(job: Job) -> dict[str, Any]:
+    return {"source": job.source, "recipe": job.recipe, "options": job.params}
+
+
+def join_parent(rt: Runtime, parent_id: int) -> fanout.JoinOutcome:
+    """After a shard child finished: retry it, fail the parent, or merge the shards into it."""
+
+    def record(
+        session: Session, parent: StageRun, inputs: Mapping[str, InputFile], result: StageResult
+    ) -> None:
+        module = load_stage(StageName(parent.stage), rt.stage_package)
+        job = parent.job
+        params = module.make_params(JobSpec(job.source, job.recipe, job.params))
+        _record_success(rt, session, parent, module.VERSION, params, _spec(job), inputs, result)
+
+    try:
+        with session_scope(rt.sessions) as session:
+            return fanout.join(session, rt.store, parent_id, rt.max_attempts, record)
+    except SQLAlchemyError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a merge that cannot succeed fails the parent, recorded
+        log.warning("run %s: joining its shards failed: %s", parent_id, exc)
+        with session_scope(rt.sessions) as session:
+            parent = _lock_run(session, parent_id)
+            if parent.status == StageState.RUNNING.value:
+                _record_failure(session, parent, exc)
+        return fanout.JoinOutcome(parent_state=StageState.FAILED)
 
 
 def _cache_key_for(module: Any, stage: StageName, params: Any, inputs: Mapping[str, InputFile],
@@ -310,7 +358,7 @@ def _record_success(
                                       "input", "application/octet-stream", None)
         repo.link_artifact(session, run, "in", name, stored)
     for output in result.outputs:
-        stored_file = rt.store.put(output.path)
+        stored_file = rt.store.put(output.path, expected_sha256=output.sha256)
         artifact = repo.record_artifact(
             session, stored_file.sha256, stored_file.size_bytes, stored_file.uri,
             output.kind, output.media_type, run,

@@ -101,7 +101,9 @@ def _ready(session: Session, job: Job, run: StageRun, task_id: str | None, delay
 
 def _failure_reason(session: Session, job: Job, failed: StageRun) -> str:
     attempts = session.scalars(
-        select(StageRun).where(StageRun.job_id == job.id, StageRun.stage == failed.stage)
+        select(StageRun).where(
+            StageRun.job_id == job.id, StageRun.stage == failed.stage, StageRun.shard == ""
+        )
     ).all()
     lost = sum(1 for run in attempts if (run.error_message or "").startswith(WORKER_LOST))
     if failed.error_kind == "retryable" and lost == len(attempts):

@@ -42,6 +42,8 @@ class Settings(BaseSettings):
     retry_base_s: float = 5.0
     # A queued stage whose message the broker does not hold is re-sent after this many seconds.
     requeue_after_s: float = 60.0
+    # Distributed mode: decompose a model of several shards on several workers at once.
+    fanout: bool = True
     # Package holding the stage modules; only benchmarks change it (to no-op stages).
     stage_package: str = "pipeline.stages"
     # Hugging Face token, passed to the hub client only; never stored or logged.

@@ -20,7 +20,8 @@ def _time(value: datetime | None) -> str | None:
 def _latest(job: Job) -> dict[StageName, StageRun]:
     latest: dict[StageName, StageRun] = {}
     for run in sorted(job.stage_runs, key=lambda r: r.attempt):
-        latest[StageName(run.stage)] = run
+        if not run.shard:  # shard children belong to their parent's attempt
+            latest[StageName(run.stage)] = run
     return latest
 
 
@@ -65,6 +66,8 @@ def run_view(run: StageRun, store: ArtifactStore | None = None) -> dict[str, Any
         "id": run.id,
         "stage": run.stage,
         "attempt": run.attempt,
+        "shard": run.shard or None,
+        "parent_run_id": run.parent_run_id,
         "status": run.status,
         "worker_host": run.worker_host,
         "device": run.device,
@@ -86,7 +89,7 @@ def run_view(run: StageRun, store: ArtifactStore | None = None) -> dict[str, Any
 def job_detail(job: Job, store: ArtifactStore | None = None) -> dict[str, Any]:
     """A job with every attempt of every stage, their artifacts, and the validation result."""
     detail = job_summary(job)
-    runs = sorted(job.stage_runs, key=lambda r: (list(StageName).index(StageName(r.stage)), r.attempt))
+    runs = sorted(job.stage_runs, key=lambda r: (list(StageName).index(StageName(r.stage)), r.id))
     detail["stages"] = [run_view(run, store) for run in runs]
     latest = _latest(job)
     validate = latest.get(StageName.VALIDATE)

@@ -15,12 +15,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from pipeline.db import repo
 from pipeline.db.models import Job, StageRun
 from pipeline.db.session import session_scope
+from pipeline.execution import Runtime, join_parent
 from pipeline.progression import Step, StepKind, advance_job
 from pipeline.settings import Settings
 from pipeline.states import StageName, StageState
 from workers.celery_app import QUEUE_OF, app, task_name
 
-__all__ = ["advance", "send", "resend", "celery_priority"]
+__all__ = ["advance", "send", "resend", "join", "celery_priority"]
 
 log = logging.getLogger(__name__)
 
@@ -78,3 +79,12 @@ def resend(sessions: sessionmaker[Session], run_id: int, countdown_s: float = 0.
         repo.set_stage_state(session, run, StageState.QUEUED, task_id=task_id)
         stage, priority = StageName(run.stage), run.job.priority
     return send(stage, run_id, task_id, priority, countdown_s)
+
+
+def join(rt: Runtime, settings: Settings, parent_id: int, job_id: int) -> None:
+    """A shard child finished: send retried shards, or move the job on once the parent is final."""
+    outcome = join_parent(rt, parent_id)
+    for run_id in outcome.retry_run_ids:
+        resend(rt.sessions, run_id, countdown_s=settings.retry_base_s)
+    if outcome.parent_state is not None and outcome.parent_state.is_final:
+        advance(rt.sessions, settings, job_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from functools import cache
 
@@ -21,7 +22,17 @@ def settings() -> Settings:
 
 @cache
 def _runtime_for(pid: int) -> Runtime:
-    return build_runtime(settings())
+    rt = build_runtime(settings())
+    if not settings().fanout:
+        return rt
+
+    def send_children(run_ids: list[int]) -> None:
+        from workers.dispatch import resend
+
+        for run_id in run_ids:
+            resend(rt.sessions, run_id)
+
+    return dataclasses.replace(rt, fanout_dispatch=send_children)
 
 
 def runtime() -> Runtime:

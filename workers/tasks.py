@@ -24,10 +24,13 @@ def run_stage_run(run_id: int) -> str:
     rt = runtime()
     state = execute_run(rt, run_id)
     with session_scope(rt.sessions) as session:
-        job_id = session.get_one(StageRun, run_id).job_id
+        run = session.get_one(StageRun, run_id)
+        job_id, parent_id = run.job_id, run.parent_run_id
     if state in (StageState.PENDING, StageState.QUEUED):
         # An equal run is in flight elsewhere; look again shortly and reuse its result.
         dispatch.resend(rt.sessions, run_id, countdown_s=_DEFER_S)
+    elif parent_id is not None and state.is_final:
+        dispatch.join(rt, settings(), parent_id, job_id)
     elif state.is_final:
         # Idempotent: a duplicate delivery finds the next stage already queued and waits.
         dispatch.advance(rt.sessions, settings(), job_id)

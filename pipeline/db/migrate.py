@@ -12,7 +12,7 @@ from sqlalchemy import Engine
 
 from pipeline.db.models import Base
 
-__all__ = ["alembic_config", "upgrade", "schema_drift"]
+__all__ = ["alembic_config", "upgrade", "downgrade", "schema_drift"]
 
 _MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
@@ -31,6 +31,14 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     with engine.begin() as connection:
         cfg.attributes["connection"] = connection
         command.upgrade(cfg, revision)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    """Take the database behind `engine` back down to `revision` ("base" drops everything)."""
+    cfg = alembic_config(engine.url.render_as_string(hide_password=False))
+    with engine.begin() as connection:
+        cfg.attributes["connection"] = connection
+        command.downgrade(cfg, revision)
 
 
 def schema_drift(engine: Engine) -> list[object]:

@@ -67,7 +67,7 @@ class StageRun(Base):
 
     __tablename__ = "stage_runs"
     __table_args__ = (
-        UniqueConstraint("job_id", "stage", "attempt", name="uq_stage_runs_job_stage_attempt"),
+        UniqueConstraint("job_id", "stage", "shard", "attempt", name="uq_stage_runs_job_stage_shard_attempt"),
         Index("ix_stage_runs_status", "status"),
         Index("ix_stage_runs_cache_key", "cache_key"),
     )
@@ -75,6 +75,9 @@ class StageRun(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     stage: Mapped[str] = mapped_column(String(32))
+    # Fan-out: a child run works on one source shard for its parent run ("" = not a child).
+    shard: Mapped[str] = mapped_column(String(512), default="", server_default="")
+    parent_run_id: Mapped[int | None] = mapped_column(ForeignKey("stage_runs.id"), index=True)
     attempt: Mapped[int] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(16))
     worker_host: Mapped[str | None] = mapped_column(String(256))

@@ -74,13 +74,22 @@ def list_jobs(session: Session, status: str | None = None, limit: int | None = N
 
 
 def new_attempt(
-    session: Session, job: Job, stage: StageName, state: StageState = StageState.PENDING
+    session: Session,
+    job: Job,
+    stage: StageName,
+    state: StageState = StageState.PENDING,
+    shard: str = "",
+    parent: StageRun | None = None,
 ) -> StageRun:
-    """Add the next attempt row for `stage`; earlier attempts stay as they are."""
+    """Add the next attempt row for `stage` (or for one `shard` of it); earlier attempts stay."""
     last = session.scalar(
-        select(func.max(StageRun.attempt)).where(StageRun.job_id == job.id, StageRun.stage == stage.value)
+        select(func.max(StageRun.attempt)).where(
+            StageRun.job_id == job.id, StageRun.stage == stage.value, StageRun.shard == shard
+        )
     )
-    run = StageRun(job_id=job.id, stage=stage.value, attempt=(last or 0) + 1, status=state.value)
+    run = StageRun(job_id=job.id, stage=stage.value, shard=shard, attempt=(last or 0) + 1, status=state.value,
+                   parent_run_id=parent.id if parent is not None else None,
+                   is_forced=parent.is_forced if parent is not None else False)
     if state is StageState.QUEUED:
         run.queued_at = utcnow()
     session.add(run)
@@ -128,9 +137,9 @@ def set_job_state(session: Session, job: Job, new: JobState, error_message: str 
 
 
 def latest_runs(session: Session, job_id: int) -> dict[StageName, StageRun]:
-    """The newest attempt of each stage that has one."""
+    """The newest attempt of each stage that has one (shard children are not stage attempts)."""
     runs = session.scalars(
-        select(StageRun).where(StageRun.job_id == job_id).order_by(StageRun.attempt)
+        select(StageRun).where(StageRun.job_id == job_id, StageRun.shard == "").order_by(StageRun.attempt)
     ).all()
     return {StageName(run.stage): run for run in runs}
 

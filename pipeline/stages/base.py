@@ -46,12 +46,17 @@ class InputFile:
 
 @dataclass(frozen=True)
 class OutputFile:
-    """One file a stage wrote inside its work folder."""
+    """One file a stage wrote inside its work folder.
+
+    `sha256` is set only for a file that is already stored under that digest (a fan-out
+    join re-links its shards' parts): the store then skips re-reading it.
+    """
 
     name: str
     path: Path
     kind: str
     media_type: str = "application/octet-stream"
+    sha256: str | None = None
 
 
 @dataclass(frozen=True)

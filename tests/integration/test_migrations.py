@@ -20,6 +20,10 @@ def _check(url: str) -> None:
         assert TABLES <= set(inspect(engine).get_table_names())
         assert migrate.schema_drift(engine) == []
         migrate.upgrade(engine)  # a second upgrade is a no-op
+        migrate.downgrade(engine, "base")
+        assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
+        migrate.upgrade(engine)
+        assert migrate.schema_drift(engine) == []
     finally:
         engine.dispose()
 
