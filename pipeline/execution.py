@@ -353,9 +353,12 @@ def _record_success(
         "resolved_revision": run.job.resolved_revision,
         "stage_parameters": _plain(params),
     }
+    known = repo.artifacts_by_digest(session, {item.sha256 for item in inputs.values()})
     for name, item in inputs.items():
-        stored = repo.record_artifact(session, item.sha256, item.size_bytes, rt.store.uri(item.sha256),
-                                      "input", "application/octet-stream", None)
+        stored = known.get(item.sha256) or repo.record_artifact(
+            session, item.sha256, item.size_bytes, rt.store.uri(item.sha256), "input",
+            "application/octet-stream", None,
+        )
         repo.link_artifact(session, run, "in", name, stored)
     for output in result.outputs:
         stored_file = rt.store.put(output.path, expected_sha256=output.sha256)

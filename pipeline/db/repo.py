@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select, text, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from pipeline.db.models import Artifact, Job, Provenance, RunArtifact, StageRun, utcnow
 from pipeline.errors import InputError
@@ -26,6 +26,7 @@ __all__ = [
     "set_job_state",
     "latest_runs",
     "record_artifact",
+    "artifacts_by_digest",
     "link_artifact",
     "add_provenance",
     "find_cached_run",
@@ -139,7 +140,11 @@ def set_job_state(session: Session, job: Job, new: JobState, error_message: str 
 def latest_runs(session: Session, job_id: int) -> dict[StageName, StageRun]:
     """The newest attempt of each stage that has one (shard children are not stage attempts)."""
     runs = session.scalars(
-        select(StageRun).where(StageRun.job_id == job_id, StageRun.shard == "").order_by(StageRun.attempt)
+        select(StageRun)
+        .where(StageRun.job_id == job_id, StageRun.shard == "")
+        .order_by(StageRun.attempt)
+        # Callers read the newest attempts' links and artifacts: load them in two queries, not N.
+        .options(selectinload(StageRun.links).selectinload(RunArtifact.artifact))
     ).all()
     return {StageName(run.stage): run for run in runs}
 
@@ -174,13 +179,21 @@ def record_artifact(
     return session.get_one(Artifact, sha256)
 
 
+def artifacts_by_digest(session: Session, digests: set[str]) -> dict[str, Artifact]:
+    """The Artifact rows among `digests` that exist, in one query."""
+    if not digests:
+        return {}
+    rows = session.scalars(select(Artifact).where(Artifact.sha256.in_(digests))).all()
+    return {row.sha256: row for row in rows}
+
+
 def link_artifact(session: Session, run: StageRun, direction: str, name: str, artifact: Artifact) -> None:
     if direction not in ("in", "out"):
         raise ValueError(f"direction must be 'in' or 'out', got {direction!r}")
-    session.merge(
+    # A plain add: each (run, direction, name) is linked once, and the flush comes with the commit.
+    session.add(
         RunArtifact(stage_run_id=run.id, direction=direction, name=name, artifact_sha256=artifact.sha256)
     )
-    session.flush()
 
 
 def add_provenance(session: Session, artifact: Artifact, run: StageRun, statement: dict[str, Any]) -> None:
