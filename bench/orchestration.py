@@ -93,9 +93,14 @@ def submit(env: dict[str, str], sources: list[str]) -> list[int]:
     return [int(x) for x in out.stdout.split()]
 
 
-def stage_overheads_ms(sessions, job_ids: list[int]) -> list[float]:  # type: ignore[no-untyped-def]
-    """Per stage: from the previous stage's end (or the job's creation) to this stage's end."""
-    overheads = []
+def stage_overheads_ms(sessions, job_ids: list[int]) -> dict[str, list[float]]:  # type: ignore[no-untyped-def]
+    """Per stage, in ms: total (previous stage's end, or the job's creation, to this stage's end),
+    and its parts: dispatch (to queued), pickup (queued to started), run (started to finished)."""
+    parts: dict[str, list[float]] = {"total": [], "dispatch": [], "pickup": [], "run": []}
+
+    def ms(later, earlier) -> float:  # type: ignore[no-untyped-def]
+        return (later - earlier).total_seconds() * 1000
+
     with session_scope(sessions) as session:
         for job_id in job_ids:
             job = session.get_one(Job, job_id)
@@ -103,9 +108,12 @@ def stage_overheads_ms(sessions, job_ids: list[int]) -> list[float]:  # type: ig
             previous = job.created_at
             for stage in STAGE_ORDER:
                 run = runs[stage.value]
-                overheads.append((run.finished_at - previous).total_seconds() * 1000)
+                parts["total"].append(ms(run.finished_at, previous))
+                parts["dispatch"].append(ms(run.queued_at, previous))
+                parts["pickup"].append(ms(run.started_at, run.queued_at))
+                parts["run"].append(ms(run.finished_at, run.started_at))
                 previous = run.finished_at
-    return overheads
+    return parts
 
 
 def bench_bonsai(n_jobs: int, latency_jobs: int, tmp: Path) -> tuple[float, float, int]:
@@ -128,7 +136,10 @@ def bench_bonsai(n_jobs: int, latency_jobs: int, tmp: Path) -> tuple[float, floa
                 (job_id,) = submit(env, [f"latency-{index}"])
                 wait_all_final(sessions, [job_id], 60)
                 sequential.append(job_id)
-            overhead_ms = statistics.median(stage_overheads_ms(sessions, sequential))
+            parts = stage_overheads_ms(sessions, sequential)
+            overhead_ms = statistics.median(parts["total"])
+            print("bonsai per-stage median ms: " + ", ".join(
+                f"{name} {statistics.median(values):.1f}" for name, values in parts.items()))
             started = time.monotonic()
             batch = submit(env, [f"throughput-{i}" for i in range(n_jobs)])
             wait_all_final(sessions, batch, 900)

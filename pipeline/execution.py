@@ -87,7 +87,7 @@ def _plain(value: Any) -> Any:
 
 def gather_inputs(session: Session, store: ArtifactStore, job: Job, stage: StageName) -> dict[str, InputFile]:
     """Outputs of the newest successful attempt of each upstream stage, keyed "<stage>/<name>"."""
-    runs = repo.latest_runs(session, job.id)
+    runs = repo.latest_runs(session, job.id, with_links=True)
     inputs: dict[str, InputFile] = {}
     for upstream in UPSTREAM[stage]:
         run = runs.get(upstream)

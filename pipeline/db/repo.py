@@ -137,15 +137,17 @@ def set_job_state(session: Session, job: Job, new: JobState, error_message: str 
     return job
 
 
-def latest_runs(session: Session, job_id: int) -> dict[StageName, StageRun]:
-    """The newest attempt of each stage that has one (shard children are not stage attempts)."""
-    runs = session.scalars(
-        select(StageRun)
-        .where(StageRun.job_id == job_id, StageRun.shard == "")
-        .order_by(StageRun.attempt)
-        # Callers read the newest attempts' links and artifacts: load them in two queries, not N.
-        .options(selectinload(StageRun.links).selectinload(RunArtifact.artifact))
-    ).all()
+def latest_runs(session: Session, job_id: int, with_links: bool = False) -> dict[StageName, StageRun]:
+    """The newest attempt of each stage that has one (shard children are not stage attempts).
+
+    `with_links` loads every attempt's links and artifacts up front (two queries, not N).
+    """
+    query = (
+        select(StageRun).where(StageRun.job_id == job_id, StageRun.shard == "").order_by(StageRun.attempt)
+    )
+    if with_links:
+        query = query.options(selectinload(StageRun.links).selectinload(RunArtifact.artifact))
+    runs = session.scalars(query).all()
     return {StageName(run.stage): run for run in runs}
 
 
@@ -170,13 +172,14 @@ def record_artifact(
 
     dialect = session.get_bind().dialect.name
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    session.execute(
+    inserted = session.scalars(
         insert(Artifact)
         .values(sha256=sha256, size_bytes=size_bytes, uri=uri, kind=kind, media_type=media_type,
                 created_by_run_id=created_by.id if created_by is not None else None, created_at=utcnow())
         .on_conflict_do_nothing(index_elements=["sha256"])
-    )
-    return session.get_one(Artifact, sha256)
+        .returning(Artifact)
+    ).first()
+    return inserted if inserted is not None else session.get_one(Artifact, sha256)
 
 
 def artifacts_by_digest(session: Session, digests: set[str]) -> dict[str, Artifact]:
