@@ -102,21 +102,23 @@ def _codes_from_mask(
 def _sorted_prefix_sums(
     mag: torch.Tensor, use_numpy: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``mag`` [n_blocks, B] (non-negative, finite) sorted ascending, and the sums ``S_k`` of its k largest.
+    """``mag`` [n_blocks, B] (non-negative, finite) sorted ascending, and the float64 sums ``S_k`` of its
+    k largest.
 
-    On the CPU numpy's SIMD sort of the float bit patterns as int32 (the same order for
-    non-negative floats) is ~10x faster than torch.sort, which also builds indices this path
-    does not need; the running sum is taken over the reversed view, without a flipped copy.
+    The sums are exact whatever the order of addition wherever they matter: every term of an
+    optimal ``S_k`` is within a factor 2^21 of the block's largest ``|w|``, so float64 holds
+    the sum of 256 such float32 terms without rounding; this is what lets `kernel` (which never
+    sorts) reproduce this fit bit for bit. On the CPU numpy's SIMD sort of the float bit
+    patterns as int32 (the same order for non-negative floats) is ~10x faster than torch.sort.
     """
     if use_numpy if use_numpy is not None else mag.device.type == "cpu":
         import numpy as np
 
         ascending = np.sort(mag.contiguous().view(torch.int32).numpy(), axis=1).view(np.float32)
-        prefix = np.empty(ascending.shape, dtype=np.float32)
-        np.add.accumulate(ascending[:, ::-1], axis=1, out=prefix)
+        prefix = np.cumsum(ascending[:, ::-1], axis=1, dtype=np.float64)
         return torch.from_numpy(ascending), torch.from_numpy(prefix)
     ascending_t = torch.sort(mag, dim=1).values
-    return ascending_t, torch.cumsum(ascending_t.flip(1), dim=1)
+    return ascending_t, torch.cumsum(ascending_t.flip(1).double(), dim=1)
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ class UniformFit:
     """`fit_optimal` (uniform importance) plus the per-block sums it already holds.
 
     ``ascending``: ``|w|`` sorted ascending [n_blocks, B]; ``prefix[:, k-1]``: sum of the k
-    largest ``|w|``; ``n_nonzero``: non-zero codes per block (int64 [n_blocks]).
+    largest ``|w|`` (float64); ``n_nonzero``: non-zero codes per block (int64 [n_blocks]).
     """
 
     codes: torch.Tensor
@@ -139,10 +141,10 @@ def _optimal_uniform(blocks: torch.Tensor, use_numpy: bool | None = None) -> Uni
     block_size = blocks.shape[1]
     mag = blocks.abs()
     ascending, prefix = _sorted_prefix_sums(mag, use_numpy)
-    inv_count = 1.0 / torch.arange(1, block_size + 1, device=blocks.device, dtype=torch.float32)
-    best = torch.argmax(prefix * prefix * inv_count, dim=1, keepdim=True)  # first maximum: smallest k
+    count = torch.arange(1, block_size + 1, device=blocks.device, dtype=torch.float64)
+    best = torch.argmax(prefix * prefix / count, dim=1, keepdim=True)  # first maximum: smallest k
     k = best + 1
-    d = torch.gather(prefix, 1, best).squeeze(1) / k.squeeze(1).to(torch.float32)
+    d = (torch.gather(prefix, 1, best).squeeze(1) / k.squeeze(1).double()).to(torch.float32)
     # The top k are the entries >= the k-th largest value v, unless entries equal to v
     # straddle position k: then only the first (lowest-index) ties are taken, which is
     # what a stable descending sort would pick. Such rows are rare; fix only them.
@@ -169,12 +171,12 @@ def absmean_sq_error(fit: UniformFit, sq_norm: torch.Tensor) -> torch.Tensor:
 
     With ``d`` = fp16(mean|w|) the absmean codes are non-zero exactly where ``|w| > d/2``, the
     ``c`` largest entries, so the error is ``sum w^2 - 2 d S_c + d^2 c`` with no pass over the
-    weights. ``sq_norm``: per-block ``sum w^2``. Float32 rounding in the sums leaves ~1e-7
-    relative noise, so exactly representable blocks may show a tiny non-zero error; and
-    ``mean|w|`` is summed in sorted order, so ``d`` can differ from `fit_absmean`'s in the last bit.
+    weights. ``sq_norm``: per-block ``sum w^2`` (its float32 rounding leaves ~1e-7 relative
+    noise); ``mean|w|`` is summed in float64, so ``d`` can differ from `fit_absmean`'s (a float32
+    mean) in the last bit. The report's baseline, not stored bytes.
     """
     block_size = fit.prefix.shape[1]
-    d = to_fp16_scale(fit.prefix[:, -1] / block_size)
+    d = to_fp16_scale((fit.prefix[:, -1] / block_size).to(torch.float32))
     n_above = block_size - torch.searchsorted(fit.ascending, (d / 2).unsqueeze(1), right=True)
     top_sum = torch.gather(fit.prefix, 1, (n_above - 1).clamp_min(0)).squeeze(1)
     top_sum = torch.where(n_above.squeeze(1) > 0, top_sum, torch.zeros_like(top_sum)).double()
@@ -184,17 +186,20 @@ def absmean_sq_error(fit: UniformFit, sq_norm: torch.Tensor) -> torch.Tensor:
 
 
 def _optimal_weighted(blocks: torch.Tensor, importance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unrounded optimal ``d`` and non-zero mask for per-position importance ``a``."""
+    """Unrounded optimal ``d`` (float32) and non-zero mask for per-position importance ``a``.
+
+    Sums in float64, like the uniform fit: with ``a = 1`` both give the same codes and scales.
+    """
     block_size = blocks.shape[1]
     sorted_mag, order = torch.sort(blocks.abs(), dim=1, descending=True, stable=True)
     a = torch.broadcast_to(importance.to(blocks.device, torch.float32), blocks.shape)
-    a_sorted = torch.gather(a, 1, order)
-    gain_num = torch.cumsum(a_sorted * sorted_mag, dim=1)
+    a_sorted = torch.gather(a, 1, order).double()
+    gain_num = torch.cumsum(a_sorted * sorted_mag.double(), dim=1)
     count = torch.cumsum(a_sorted, dim=1)
     # A prefix of zero-importance entries has no defined scale; it cannot beat k where W_k > 0.
     objective = torch.where(count > 0, gain_num * gain_num / count.clamp_min(1e-30), 0.0)
     best = torch.argmax(objective, dim=1, keepdim=True)
-    d = (torch.gather(gain_num, 1, best) / torch.gather(count, 1, best)).squeeze(1)
+    d = (torch.gather(gain_num, 1, best) / torch.gather(count, 1, best)).squeeze(1).to(torch.float32)
     keep_sorted = torch.arange(block_size, device=blocks.device).unsqueeze(0) <= best
     keep = torch.zeros_like(keep_sorted).scatter_(1, order, keep_sorted)
     return d, keep
