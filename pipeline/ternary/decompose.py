@@ -3,12 +3,19 @@
 Blocks run along each row (the input dimension, the last dim of a torch linear weight), which
 is the order GGUF stores and llama.cpp dequantizes. Work happens in row chunks so the peak
 extra memory is a few times one chunk, never a float64 copy of the matrix.
+
+`decompose_packed` goes straight to GGML bytes: on the CPU, for the default recipe (optimal
+fit, uniform importance, no IRLS), through the compiled `kernel` in one pass per block and
+without materialising codes; otherwise through `decompose_matrix` and `pack.pack_ternary`.
+Both give the same bytes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from pipeline.ternary.fit import (
@@ -22,7 +29,15 @@ from pipeline.ternary.fit import (
     refine_irls,
 )
 
-__all__ = ["METHODS", "DecomposedMatrix", "decompose_matrix", "relative_error", "sparsity"]
+__all__ = [
+    "METHODS",
+    "DecomposedMatrix",
+    "PackedMatrix",
+    "decompose_matrix",
+    "decompose_packed",
+    "relative_error",
+    "sparsity",
+]
 
 METHODS = ("optimal", "absmean", "absmax")
 _TARGET_CHUNK_WEIGHTS = 1 << 22  # ~4M weights: ~100 MB of temporaries on the sort path
@@ -191,4 +206,107 @@ def decompose_matrix(
         sq_error=sq_err,
         absmean_sq_error=sq_err_absmean,
         sq_norm=sq_norm,
+    )
+
+
+@dataclass(frozen=True)
+class PackedMatrix:
+    """Result of `decompose_packed`: GGML bytes plus `DecomposedMatrix`'s statistics.
+
+    ``raw``: uint8 ``[n_bytes]`` in ``ggml_type``'s block layout (a view of the caller's ``out``
+    buffer when one was given); ``backend``: "kernel" (compiled CPU pass) or "torch".
+    """
+
+    raw: npt.NDArray[np.uint8]
+    ggml_type: str
+    method: str
+    backend: str
+    rel_error: float
+    absmean_rel_error: float
+    sparsity: float
+    sq_error: float
+    absmean_sq_error: float
+    sq_norm: float
+    n_zero: int
+
+
+def _uses_kernel(
+    w: torch.Tensor,
+    method: str,
+    importance: torch.Tensor | None,
+    irls_iters: int,
+    device: torch.device | str | None,
+) -> bool:
+    """The compiled kernel serves the default recipe on the CPU: optimal fit, uniform importance, no IRLS."""
+    from pipeline.ternary import kernel
+
+    on_cpu = w.device.type == "cpu" and (device is None or torch.device(device).type == "cpu")
+    return method == "optimal" and importance is None and irls_iters == 0 and on_cpu and kernel.is_available()
+
+
+def decompose_packed(
+    w: torch.Tensor,
+    ggml_type: str,
+    method: str = "optimal",
+    importance: torch.Tensor | None = None,
+    irls_iters: int = 0,
+    device: torch.device | str | None = None,
+    out: npt.NDArray[np.uint8] | None = None,
+) -> PackedMatrix:
+    """`decompose_matrix` then `pack.pack_ternary` into ``ggml_type`` (TQ2_0 or TQ1_0) bytes.
+
+    On the CPU the default recipe runs as one compiled pass per block (`kernel.fit_pack`,
+    bfloat16 weights read as stored); anything else (importance, IRLS, absmean/absmax, CUDA)
+    goes through the torch fit. Both give the same bytes and statistics. ``out``: optional
+    uint8 buffer reused across calls, so a stream of tensors allocates nothing for its bytes.
+    Raises ValueError like `decompose_matrix`, and for a type that is not ternary.
+    """
+    from pipeline.ternary import kernel
+    from pipeline.ternary.pack import pack_ternary
+
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
+    if w.dim() != 2:
+        raise ValueError(f"decompose_packed needs a 2-D weight, got shape {tuple(w.shape)}")
+    if w.shape[1] % 256:
+        raise ValueError(f"row length {w.shape[1]} is not a multiple of the block size 256")
+    n_params = w.numel()
+    if _uses_kernel(w, method, importance, irls_iters, device):
+        w = w.detach().contiguous()
+        if w.dtype == torch.bfloat16:  # the kernel widens bfloat16 as it loads: no float32 copy
+            blocks = w.view(torch.int16).numpy().view(np.uint16).reshape(-1, 256)
+        else:
+            blocks = w.to(torch.float32).numpy().reshape(-1, 256)
+        raw, stats = kernel.fit_pack(blocks, ggml_type, out)
+        n_zero = n_params - stats.n_nonzero
+        return PackedMatrix(
+            raw=raw,
+            ggml_type=ggml_type,
+            method=method,
+            backend="kernel",
+            rel_error=_ratio(stats.sq_error, stats.sq_norm),
+            absmean_rel_error=_ratio(stats.absmean_sq_error, stats.sq_norm),
+            sparsity=n_zero / max(n_params, 1),
+            sq_error=stats.sq_error,
+            absmean_sq_error=stats.absmean_sq_error,
+            sq_norm=stats.sq_norm,
+            n_zero=n_zero,
+        )
+    result = decompose_matrix(w, method, importance=importance, irls_iters=irls_iters, device=device)
+    packed = pack_ternary(ggml_type, result.codes, result.scales)
+    if out is not None and out.size >= packed.size:
+        out[: packed.size] = packed
+        packed = out[: packed.size]
+    return PackedMatrix(
+        raw=packed,
+        ggml_type=ggml_type,
+        method=method,
+        backend="torch",
+        rel_error=result.rel_error,
+        absmean_rel_error=result.absmean_rel_error,
+        sparsity=result.sparsity,
+        sq_error=result.sq_error,
+        absmean_sq_error=result.absmean_sq_error,
+        sq_norm=result.sq_norm,
+        n_zero=int((result.codes == 0).sum()),
     )
