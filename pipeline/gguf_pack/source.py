@@ -232,16 +232,20 @@ def _permute_heads(spec: ArchSpec, config: Mapping[str, Any], hf_name: str) -> i
 
 
 def iter_tensors(
-    card: Mapping[str, Any], files: Mapping[str, Path], shard: str
+    card: Mapping[str, Any], files: Mapping[str, Path], shard: str, *, as_stored: bool = False
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (gguf_name, float32 contiguous tensor) for every planned tensor of one shard.
 
-    Tensors come one at a time from a memory-mapped safetensors file, so peak memory is
-    about one tensor (plus its float32 copy). `files` maps shard names to local paths.
+    Each tensor's bytes are read on their own (q/k rows land permuted) into reused buffers,
+    so peak memory is a few tensors whatever the shard size; a yielded tensor's memory is
+    reused only once the caller has dropped it. `files` maps shard names to local paths.
+    ``as_stored``: BF16/F16 tensors come as stored, not converted, unless values are computed
+    from them (BitNet's rounding); a caller that converts as it goes saves a pass and the
+    memory of a float32 copy.
     Raises InputError when the shard is unknown or its file missing, IntegrityError when
-    the file's tensors disagree with the card (absent, other shape).
+    the file's tensors disagree with the card (absent, other shape) or its header is invalid.
     """
-    from safetensors import safe_open
+    from pipeline.gguf_pack.rawio import SafetensorsReader
 
     spec = arch_spec(card)
     config = card.get("config") or {}
@@ -251,24 +255,23 @@ def iter_tensors(
     path = files.get(shard)
     if path is None or not Path(path).is_file():
         raise InputError(f"shard {shard!r} is not among the input files ({sorted(files)})")
-    with safe_open(str(path), framework="pt") as handle:
-        present = set(handle.keys())
+    with SafetensorsReader(Path(path)) as reader:
         for item in planned:
-            if item.hf_name not in present:
+            if item.hf_name not in reader.entries:
                 raise IntegrityError(
                     f"tensor {item.hf_name!r} is in the model card but not in shard {shard!r}"
                 )
-            tensor = handle.get_tensor(item.hf_name)
-            if tuple(tensor.shape) != item.shape:
+            stored_shape = reader.entries[item.hf_name].shape
+            if stored_shape != item.shape:
                 raise IntegrityError(
-                    f"tensor {item.hf_name!r} in {shard!r} has shape {list(tensor.shape)}; "
+                    f"tensor {item.hf_name!r} in {shard!r} has shape {list(stored_shape)}; "
                     f"the model card says {list(item.shape)}"
                 )
-            tensor = tensor.to(torch.float32)
             n_head = _permute_heads(spec, config, item.hf_name)
-            if n_head is not None:
-                tensor = rope_permute(tensor, n_head)
-            if spec.ternary_latent and _LATENT.match(item.gguf_name):
+            rows = None if n_head is None else rope_permute(torch.arange(item.shape[0]), n_head)
+            latent = spec.ternary_latent and _LATENT.match(item.gguf_name)
+            tensor = reader.tensor(item.hf_name, row_order=rows, as_stored=as_stored and not latent)
+            if latent:
                 tensor = bitnet_weight_quant(tensor)
             yield item.gguf_name, tensor.contiguous()
             del tensor

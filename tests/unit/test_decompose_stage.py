@@ -142,3 +142,62 @@ def test_refusals(tmp_path: Path) -> None:
     del inputs["inspect/model_card.json"]
     with pytest.raises(InputError, match="model_card.json"):
         decompose.run(params, inputs, tmp_path)
+
+
+def test_tensors_read_as_stored_equal_the_float32_ones(tmp_path: Path) -> None:
+    """BF16 weights come as stored (rows already permuted for rope); values equal the float32 path's."""
+    card = _gaussian_model(tmp_path)
+    files = {s: tmp_path / s for s in card["shards"]}
+    shard = card["shards"][0]
+    as_float = dict(source.iter_tensors(card, files, shard))  # kept: every tensor its own memory
+    seen = set()
+    for name, tensor in source.iter_tensors(card, files, shard, as_stored=True):
+        assert tensor.dtype == torch.bfloat16  # this checkpoint stores everything as BF16
+        assert torch.equal(tensor.float(), as_float[name]), name
+        seen.add(name)
+    assert seen == set(as_float) and "blk.0.attn_q.weight" in seen
+
+
+def test_dropped_tensors_memory_is_reused(tmp_path: Path) -> None:
+    from pipeline.gguf_pack.rawio import ReusableBuffers
+
+    pool = ReusableBuffers(np.uint8, keep=2)
+    first = pool.get(100)
+    address = first.ctypes.data
+    held = torch.frombuffer(first, dtype=torch.uint8)
+    del first
+    second = pool.get(50)  # the first buffer is still viewed by a tensor
+    assert second.ctypes.data != address
+    del held, second
+    assert pool.get(80).ctypes.data == address  # every view gone: reused
+
+
+def test_safetensors_headers_are_checked(tmp_path: Path) -> None:
+    import struct
+
+    from pipeline.errors import IntegrityError
+    from pipeline.gguf_pack.rawio import read_safetensors_header
+
+    def write(header: dict[str, Any], data: bytes = b"\0" * 16) -> Path:
+        raw = json.dumps(header).encode()
+        path = tmp_path / "x.safetensors"
+        path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+        return path
+
+    ok = {"a": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]},
+          "b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}, "__metadata__": {"k": "v"}}
+    entries, meta = read_safetensors_header(write(ok))
+    assert entries["b"].offset == 8 + len(json.dumps(ok)) + 8 and meta == {"k": "v"}
+    for bad, message in (
+        ({"a": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]},
+          "b": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [4, 12]}}, "overlap"),
+        ({"a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 8]}}, "needs 16"),
+        ({"a": {"dtype": "F32", "shape": [8], "data_offsets": [0, 32]}}, "claims bytes"),
+        ({"a": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 2]}}, "unknown dtype"),
+    ):
+        with pytest.raises(IntegrityError, match=message):
+            read_safetensors_header(write(bad))
+    path = tmp_path / "huge.safetensors"
+    path.write_bytes(struct.pack("<Q", 1 << 40) + b"{}")
+    with pytest.raises(IntegrityError, match="header length"):
+        read_safetensors_header(path)
