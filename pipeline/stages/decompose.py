@@ -35,8 +35,8 @@ import torch
 
 from pipeline.errors import InputError, IntegrityError
 from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult, inputs_of
-from pipeline.ternary.decompose import decompose_matrix
-from pipeline.ternary.pack import bits_per_weight, decode_bytes, encode_plain, pack_ternary, tensor_nbytes
+from pipeline.ternary.decompose import decompose_packed
+from pipeline.ternary.pack import bits_per_weight, decode_bytes, encode_plain, tensor_nbytes
 from pipeline.ternary.policy import Recipe, TensorDecision, decide, get_recipe
 from pipeline.ternary.report import TensorReport, build_report, render_plot
 
@@ -144,21 +144,24 @@ class _Probe:
 
 
 def _encode(
-    name: str, weight: torch.Tensor, decision: TensorDecision, recipe: Recipe, device: torch.device
+    name: str, weight: torch.Tensor, decision: TensorDecision, recipe: Recipe, device: torch.device,
+    out: npt.NDArray[np.uint8] | None = None,
 ) -> tuple[npt.NDArray[np.uint8], TensorReport]:
-    """Bytes in the decided type plus the tensor's report line."""
+    """Bytes in the decided type plus the tensor's report line; ternary bytes land in ``out`` if given."""
     shape = tuple(weight.shape)
     n_params = weight.numel()
     if decision.is_ternary:
         try:
-            result = decompose_matrix(weight, recipe.method, irls_iters=recipe.irls_iters, device=device)
-            raw = pack_ternary(decision.ggml_type, result.codes, result.scales)
+            result = decompose_packed(weight, decision.ggml_type, recipe.method, irls_iters=recipe.irls_iters,
+                                      device=device, out=out)
         except ValueError as exc:
             raise InputError(f"{name}: cannot decompose into {decision.ggml_type}: {exc}") from exc
+        raw = result.raw
         sq_error, absmean_sq, sq_norm = result.sq_error, result.absmean_sq_error, result.sq_norm
         sparsity, rel, absmean_rel = result.sparsity, result.rel_error, result.absmean_rel_error
-        n_zero = int(round(result.sparsity * n_params))
+        n_zero = result.n_zero
     else:
+        weight = weight.to(torch.float32)  # 16-bit sources arrive as stored
         try:
             raw = encode_plain(weight, decision.ggml_type)
         except ValueError as exc:
@@ -249,14 +252,23 @@ def _decompose_shard(
     final.parent.mkdir(parents=True, exist_ok=True)
     partial = final.with_name(final.name + ".partial")
     rows: list[TensorReport] = []
+    # One buffer for every ternary tensor's bytes: the stream allocates nothing per tensor.
+    out = np.empty(max((e[3] for e in ternary), default=0), np.uint8)
     with open(partial, "wb") as handle:
         handle.write(_header_bytes(entries))
-        stream = iter_tensors(card, files, shard)
-        for (name, _, shape, n_bytes), (got_name, weight) in zip(entries, stream, strict=True):
+        stream = iter_tensors(card, files, shard, **_stream_options(iter_tensors))
+        planned_next = iter(entries)
+        # Not zip(): it keeps the previous pair alive while fetching the next, so the source
+        # could not reuse that tensor's memory.
+        for got_name, weight in stream:
+            planned_entry = next(planned_next, None)
+            if planned_entry is None:
+                raise IntegrityError(f"shard {shard!r}: the source gave {got_name} beyond the plan")
+            name, _, shape, n_bytes = planned_entry
             if got_name != name or tuple(weight.shape) != shape:
                 raise IntegrityError(f"shard {shard!r}: expected {name} {list(shape)} next, "
                                      f"source gave {got_name} {list(weight.shape)}")
-            raw, line = _encode(name, weight, decisions[name], recipe, device)
+            raw, line = _encode(name, weight, decisions[name], recipe, device, out)
             _write_tensor(handle, name, raw, n_bytes)
             if name == probe.name:
                 probe.weight, probe.rel_error = weight.clone(), line.rel_error
@@ -264,9 +276,20 @@ def _decompose_shard(
             log.debug("stage decompose: %s %s -> %s rel_error=%.4f", name, list(shape), line.ggml_type,
                       line.rel_error)
             del weight, raw
+        missing = next(planned_next, None)
+        if missing is not None:
+            raise IntegrityError(f"shard {shard!r}: the source ended before planned tensor {missing[0]}")
     os.replace(partial, final)
     _verify_part(final, entries, probe)
     return rows
+
+
+def _stream_options(iter_tensors: Any) -> dict[str, Any]:
+    """16-bit safetensors weights as stored: the fit reads bfloat16 directly, so no float32 copy
+    of each tensor is made (a pass over memory saved, and half the peak memory)."""
+    from pipeline.gguf_pack import source
+
+    return {"as_stored": True} if iter_tensors is source.iter_tensors else {}
 
 
 def _source_module(card: Mapping[str, Any]) -> Any:
@@ -279,6 +302,16 @@ def _source_module(card: Mapping[str, Any]) -> Any:
     from pipeline.gguf_pack import source
 
     return source
+
+
+def _fit_backend(recipe: Recipe, device: torch.device) -> str:
+    """What fits the ternary tensors: the compiled CPU kernel (with its thread count) or torch."""
+    from pipeline.ternary import kernel
+
+    optimal_uniform = recipe.method == "optimal" and recipe.irls_iters == 0
+    if device.type == "cpu" and optimal_uniform and kernel.is_available():
+        return f"kernel ({kernel.thread_count()} threads)"
+    return f"torch ({device.type}, {torch.get_num_threads()} threads)"
 
 
 def _peak_rss_bytes() -> int:
@@ -325,6 +358,7 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
     header = {
         "format": "decompose-report/1", "recipe": recipe.name, "ternary_type": recipe.ternary_type,
         "method": recipe.method, "irls_iters": recipe.irls_iters, "device": str(device),
+        "fit_backend": _fit_backend(recipe, device),
         "shards": selected, "elapsed_s": round(elapsed_s, 3), "peak_rss_bytes": _peak_rss_bytes(),
         "source_format": card.get("format"), "source_types": card.get("dtypes"),
     }
