@@ -1,7 +1,9 @@
 """Streaming GGUF writer: metadata and tensor infos first, then tensor data one at a time.
 
 Tensor data comes from a provider per tensor (`TensorToWrite.load`), called only when
-that tensor is written, so peak memory is about one tensor whatever the model size.
+that tensor is written, so peak memory is about one tensor whatever the model size; or,
+when the bytes already sit in a file (`TensorToWrite.file_range`), it is copied file to
+file in the kernel (``copy_file_range``) without passing through this process at all.
 Tensors arrive as raw bytes already in GGML block layout (pre-quantized TQ2_0,
 TQ1_0, Q8_0) or as plain F16/F32 arrays. The file is written under a temporary name
 next to `dest` and renamed into place only when complete.
@@ -27,6 +29,7 @@ import numpy as np
 
 from pipeline.errors import InputError, IntegrityError
 from pipeline.gguf_pack.keys import LLM, Attention, General, Rope, arch_key
+from pipeline.gguf_pack.rawio import copy_range
 
 __all__ = [
     "TensorToWrite",
@@ -60,12 +63,15 @@ class TensorToWrite:
 
     `load()` returns a numpy array whose raw bytes are the tensor in GGML layout for
     `ggml_type` (uint8 for block types; float16/float32 arrays work for F16/F32).
+    `file_range`, when given, is (path, byte offset) of exactly those bytes in an existing
+    file; they are then copied from there and `load` is not called.
     """
 
     name: str
     ggml_type: gguf.GGMLQuantizationType
     shape: tuple[int, ...]
     load: Callable[[], np.ndarray[Any, Any]]
+    file_range: tuple[Path, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -228,16 +234,36 @@ def _check_tensors(tensors: Sequence[TensorToWrite]) -> None:
         tensor_nbytes(item.ggml_type, item.shape)
 
 
-def _write_data(writer: gguf.GGUFWriter, item: TensorToWrite) -> None:
+def _write_data(fd: int, item: TensorToWrite) -> int:
+    """Append one tensor's bytes at ``fd``; returns how many. Bytes are GGML's little-endian
+    layout already and are written as they are."""
     expected = tensor_nbytes(item.ggml_type, item.shape)
+    if item.file_range is not None:
+        path, offset = item.file_range
+        if os.path.getsize(path) < offset + expected:
+            raise IntegrityError(
+                f"tensor {item.name!r}: {path.name} ends before the {expected} bytes at offset {offset}"
+            )
+        with open(path, "rb") as source:
+            copy_range(source.fileno(), offset, fd, expected)
+        return expected
     data = np.ascontiguousarray(item.load())
     if data.nbytes != expected:
         raise IntegrityError(
             f"tensor {item.name!r}: provider gave {data.nbytes} bytes, but {item.ggml_type.name} "
             f"{list(item.shape)} needs {expected}"
         )
-    # Bytes are GGML's little-endian layout already; never let the writer byteswap them.
-    writer.write_tensor_data(data.reshape(-1).view(np.uint8), tensor_endianess=gguf.GGUFEndian.LITTLE)
+    view = data.reshape(-1).view(np.uint8).data
+    while view:
+        view = view[os.write(fd, view) :]
+    return expected
+
+
+def _pad(fd: int, pos: int, alignment: int) -> int:
+    n = -pos % alignment
+    if n:
+        os.write(fd, bytes(n))
+    return n
 
 
 def write_gguf(
@@ -272,10 +298,18 @@ def write_gguf(
         writer.write_header_to_file(tmp)
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
-        for item in tensors:
-            _write_data(writer, item)
-        writer.flush()
         writer.close()
+        # Tensor data: gguf's writer would pass every byte through numpy; append it ourselves,
+        # each tensor starting on the alignment the tensor infos were computed with.
+        fd = os.open(tmp, os.O_WRONLY)  # not O_APPEND: copy_file_range refuses such targets
+        try:
+            pos = os.lseek(fd, 0, os.SEEK_END)
+            for item in tensors:
+                pos += _pad(fd, pos, writer.data_alignment)
+                pos += _write_data(fd, item)
+            pos += _pad(fd, pos, writer.data_alignment)
+        finally:
+            os.close(fd)
         os.replace(tmp, dest)
     except BaseException:
         writer.close()

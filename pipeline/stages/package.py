@@ -55,12 +55,13 @@ class Params:
 
 @dataclass(frozen=True)
 class PartTensor:
-    """One tensor found in a decompose part."""
+    """One tensor found in a decompose part; ``offset``: where its bytes start in the part file."""
 
     gguf_name: str
     ggml_type: str
     shape: tuple[int, ...]
     part: Path
+    offset: int | None = None
 
 
 def make_params(job: JobSpec) -> Params:
@@ -88,37 +89,37 @@ def _read_json(path: Path, what: str) -> Any:
 def _part_index(part_name: str, path: Path) -> list[PartTensor]:
     """The tensors one part declares, checked against what it actually stores."""
     import gguf
-    from safetensors import safe_open
 
     from pipeline.gguf_pack.keys import PART_METADATA_TENSORS
+    from pipeline.gguf_pack.rawio import read_safetensors_header
     from pipeline.gguf_pack.write import tensor_nbytes
 
-    with safe_open(str(path), framework="numpy") as handle:
-        declared_raw = (handle.metadata() or {}).get(PART_METADATA_TENSORS)
-        if declared_raw is None:
-            raise IntegrityError(f"part {part_name} has no {PART_METADATA_TENSORS!r} metadata")
-        declared = json.loads(declared_raw)
-        stored = set(handle.keys())
-        if stored != set(declared):
+    entries, metadata = read_safetensors_header(path)  # header only: the data is never mapped
+    declared_raw = metadata.get(PART_METADATA_TENSORS)
+    if declared_raw is None:
+        raise IntegrityError(f"part {part_name} has no {PART_METADATA_TENSORS!r} metadata")
+    declared = json.loads(declared_raw)
+    stored = set(entries)
+    if stored != set(declared):
+        raise IntegrityError(
+            f"part {part_name}: stored tensors {sorted(stored - set(declared))[:5]} undeclared, "
+            f"declared {sorted(set(declared) - stored)[:5]} absent"
+        )
+    out = []
+    for name, info in declared.items():
+        qtype, shape = str(info.get("ggml_type")), tuple(int(d) for d in info.get("shape", []))
+        if qtype not in _ALLOWED_TYPES:
             raise IntegrityError(
-                f"part {part_name}: stored tensors {sorted(stored - set(declared))[:5]} undeclared, "
-                f"declared {sorted(set(declared) - stored)[:5]} absent"
+                f"part {part_name}: tensor {name!r} has type {qtype!r}; allowed {_ALLOWED_TYPES}"
             )
-        out = []
-        for name, info in declared.items():
-            qtype, shape = str(info.get("ggml_type")), tuple(int(d) for d in info.get("shape", []))
-            if qtype not in _ALLOWED_TYPES:
-                raise IntegrityError(
-                    f"part {part_name}: tensor {name!r} has type {qtype!r}; allowed {_ALLOWED_TYPES}"
-                )
-            view = handle.get_slice(name)
-            n_bytes = tensor_nbytes(gguf.GGMLQuantizationType[qtype], shape)
-            if view.get_dtype() != "U8" or list(view.get_shape()) != [n_bytes]:
-                raise IntegrityError(
-                    f"part {part_name}: tensor {name!r} is {view.get_dtype()} {view.get_shape()}; "
-                    f"{qtype} {list(shape)} needs U8 [{n_bytes}]"
-                )
-            out.append(PartTensor(name, qtype, shape, path))
+        entry = entries[name]
+        n_bytes = tensor_nbytes(gguf.GGMLQuantizationType[qtype], shape)
+        if entry.dtype != "U8" or list(entry.shape) != [n_bytes]:
+            raise IntegrityError(
+                f"part {part_name}: tensor {name!r} is {entry.dtype} {list(entry.shape)}; "
+                f"{qtype} {list(shape)} needs U8 [{n_bytes}]"
+            )
+        out.append(PartTensor(name, qtype, shape, path, entry.offset))
     return out
 
 
@@ -167,6 +168,11 @@ def _loader(item: PartTensor) -> Any:
     return load
 
 
+def _file_range(item: PartTensor) -> tuple[Path, int] | None:
+    """Where a part tensor's bytes sit, for a file-to-file copy (no pass through this process)."""
+    return None if item.offset is None else (item.part, item.offset)
+
+
 def _metadata(
     params: Params,
     config: Mapping[str, Any],
@@ -209,23 +215,36 @@ def _generated_tensors(config: Mapping[str, Any]) -> list[Any]:
     return [TensorToWrite(ROPE_FREQS, gguf.GGMLQuantizationType.F32, tuple(factors.shape), lambda: factors)]
 
 
-def _verify_bytes(path: Path, ordered: list[PartTensor]) -> None:
-    """Compare every tensor's bytes in the written file with its part (both memory-mapped)."""
-    import numpy as np
-    from safetensors import safe_open
+_VERIFY_CHUNK_BYTES = 4 << 20
 
+
+def _verify_bytes(path: Path, ordered: list[PartTensor]) -> None:
+    """Compare every tensor's bytes in the written file with its part, both read in 4 MB chunks
+    into two reused buffers: memory stays flat whatever the model size (a memory map would keep
+    every page it touched)."""
+    import numpy as np
+
+    from pipeline.gguf_pack.rawio import pread_exact, read_safetensors_header
     from pipeline.gguf_pack.reader import GGUFFile
 
     reader = GGUFFile(path)  # not gguf.GGUFReader: ~16 s to open a 262k-token vocabulary
     by_name = {t.name: t for t in reader.tensors}
-    for item in ordered:
-        with safe_open(str(item.part), framework="numpy") as handle:
-            source = handle.get_tensor(item.gguf_name)
-        written = by_name[item.gguf_name].data
-        if not np.array_equal(np.asarray(written).reshape(-1).view(np.uint8), source):
-            raise IntegrityError(
-                f"{path.name}: bytes of tensor {item.gguf_name!r} differ from its decompose part"
-            )
+    starts: dict[Path, dict[str, int]] = {}
+    ours, theirs = np.empty(_VERIFY_CHUNK_BYTES, np.uint8), np.empty(_VERIFY_CHUNK_BYTES, np.uint8)
+    with open(path, "rb") as written_file:
+        for item in ordered:
+            if item.part not in starts:
+                starts[item.part] = {n: e.offset for n, e in read_safetensors_header(item.part)[0].items()}
+            written, start = by_name[item.gguf_name], starts[item.part][item.gguf_name]
+            with open(item.part, "rb") as part_file:
+                for done in range(0, written.n_bytes, _VERIFY_CHUNK_BYTES):
+                    n = min(_VERIFY_CHUNK_BYTES, written.n_bytes - done)
+                    pread_exact(written_file.fileno(), ours.data[:n], written.data_offset + done)
+                    pread_exact(part_file.fileno(), theirs.data[:n], start + done)
+                    if not np.array_equal(ours[:n], theirs[:n]):
+                        raise IntegrityError(
+                            f"{path.name}: bytes of tensor {item.gguf_name!r} differ from its decompose part"
+                        )
 
 
 def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> StageResult:
@@ -256,7 +275,9 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
     arch = arch_spec(card).gguf_name
     meta = _metadata(params, config, vocab.metadata(), types, card_file.sha256 if card_file else "", arch)
     to_write = [
-        TensorToWrite(t.gguf_name, gguf.GGMLQuantizationType[t.ggml_type], t.shape, _loader(t))
+        TensorToWrite(
+            t.gguf_name, gguf.GGMLQuantizationType[t.ggml_type], t.shape, _loader(t), _file_range(t)
+        )
         for t in ordered
     ]
     to_write += _generated_tensors(config)

@@ -210,3 +210,53 @@ def test_llama3_rope_scaling_adds_rope_freqs(demo_checkpoint: Path, tmp_path: Pa
     assert summary.tensor_types["rope_freqs.weight"] == "F32" and summary.shapes["rope_freqs.weight"] == (32,)
     model = llama_cpp.Llama(model_path=str(result.outputs[0].path), n_ctx=64, n_threads=1, verbose=False)
     assert model.n_vocab() == 512
+
+
+def test_file_range_copy_writes_what_ggufs_own_writer_writes(tmp_path: Path) -> None:
+    """Tensor bytes copied file to file land exactly where gguf.GGUFWriter would put them."""
+    from pipeline.gguf_pack.write import TensorToWrite, write_gguf
+
+    rng = np.random.default_rng(0)
+    arrays = {"a": rng.integers(0, 255, 66 * 3, dtype=np.uint8),
+              "b": rng.standard_normal(7 * 32, dtype=np.float32)}
+    source = tmp_path / "bytes.bin"
+    source.write_bytes(b"xyz" + arrays["a"].tobytes() + arrays["b"].tobytes())
+    qtype = gguf.GGMLQuantizationType
+    specs = [("a", qtype.TQ2_0, (3, 256), 3), ("b", qtype.F32, (7, 32), 3 + 66 * 3)]
+    meta = {"general.name": "t"}
+    loaded = [TensorToWrite(n, t, s, lambda n=n: arrays[n]) for n, t, s, _ in specs]
+    copied = [TensorToWrite(n, t, s, lambda: 1 / 0, (source, off)) for n, t, s, off in specs]
+    write_gguf(tmp_path / "loaded.gguf", "llama", meta, loaded)
+    write_gguf(tmp_path / "copied.gguf", "llama", meta, copied)
+    reference = gguf.GGUFWriter(tmp_path / "reference.gguf", "llama")
+    reference.add_key_value("general.name", "t", gguf.GGUFValueType.STRING)
+    for n, t, s, _ in specs:
+        reference.add_tensor_info(n, s, np.dtype(np.float32), arrays[n].nbytes, raw_dtype=t)
+    reference.write_header_to_file()
+    reference.write_kv_data_to_file()
+    reference.write_ti_data_to_file()
+    for n, *_ in specs:
+        reference.write_tensor_data(arrays[n].view(np.uint8), tensor_endianess=gguf.GGUFEndian.LITTLE)
+    reference.close()
+    expected = (tmp_path / "reference.gguf").read_bytes()
+    assert (tmp_path / "loaded.gguf").read_bytes() == expected
+    assert (tmp_path / "copied.gguf").read_bytes() == expected
+
+
+def test_verify_bytes_finds_one_changed_byte(packaged: Any, demo_checkpoint: Path, demo_card: dict[str, Any],
+                                             tmp_path: Path) -> None:
+    from pipeline.gguf_pack.reader import GGUFFile
+
+    inputs = package_inputs(demo_checkpoint, demo_card, tmp_path)
+    parts = {n: f for n, f in inputs.items() if n.startswith("decompose/")}
+    ordered = package._match_plan(demo_card, package._collect_parts(parts))
+    assert all(t.offset is not None for t in ordered)
+    copy = tmp_path / "model.gguf"
+    copy.write_bytes(packaged.outputs[0].path.read_bytes())
+    package._verify_bytes(copy, ordered)  # the parts made here equal the fixture's
+    tensor = next(t for t in GGUFFile(copy).tensors if t.name == "blk.1.ffn_up.weight")
+    data = bytearray(copy.read_bytes())
+    data[tensor.data_offset + tensor.n_bytes - 3] ^= 1
+    copy.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="blk.1.ffn_up.weight"):
+        package._verify_bytes(copy, ordered)
