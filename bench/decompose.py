@@ -4,12 +4,17 @@ Generates Llama checkpoints with ordinary Gaussian (not ternary-trained) bf16 we
 
 - ours: decompose + package stages, HF safetensors -> TQ2_0 GGUF, in a child process;
 - llama.cpp: F16 GGUF -> TQ2_0 through ``llama_model_quantize`` (llama-cpp-python), in a
-  child process. The F16 GGUF is made beforehand by our package stage (same tensors, same
-  rope layout) and its making is not timed: llama.cpp's route is timed from the F16 file.
+  child process, with as many threads as the machine has cores. The F16 GGUF is made
+  beforehand by our package stage (same tensors, same rope layout) and its making is not
+  timed: llama.cpp's route is timed from the F16 file.
+
+Library start-up is not timed on either side: importing torch / llama_cpp, and loading our
+compiled kernel from numba's cache (``kernel.warm_up``, ~0.5 s once per process, as a
+long-lived worker does at start); both are printed. Each side's threads are printed too.
 
 Relative errors are ``||w - w_hat||_F / ||w||_F`` over all block linear weights (blk.*),
 read back from each GGUF with gguf-py and compared with the source. Peak RSS is each child's
-``ru_maxrss``. The 2B checkpoint is decomposed by our route only, for the memory check.
+high-water mark (VmHWM). The 2B checkpoint is decomposed by our route only, for the memory check.
 
     .venv/bin/python bench/decompose.py [--sizes 0.5b,2b] [--workdir DIR] [--keep]
 
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import resource
 import shutil
@@ -131,15 +137,31 @@ def _stage_inputs(ckpt: Path, card_path: Path) -> dict[str, Any]:
 
 
 def _peak_rss_bytes() -> int:
+    """This process's resident-memory high-water mark (VmHWM).
+
+    Not ``ru_maxrss``: after fork + exec Linux reports there the larger of the child's peak and
+    the parent's RSS at fork time, and the parent holds the checkpoint it just generated.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def child_ours(ckpt: Path, card_path: Path, out: Path) -> dict[str, Any]:
     """Decompose + package in this process; timings, peak RSS and the GGUF path."""
+    import torch
+
     from pipeline.stages import decompose, package
     from pipeline.stages.base import InputFile, JobSpec
+    from pipeline.ternary import kernel
 
     inputs = _stage_inputs(ckpt, card_path)
+    warm_up_s = kernel.warm_up()
     started = time.perf_counter()
     (out / "decompose").mkdir(parents=True)
     result = decompose.run(decompose.make_params(JobSpec("bench", "tq2_0")), inputs, out / "decompose")
@@ -151,7 +173,8 @@ def child_ours(ckpt: Path, card_path: Path, out: Path) -> dict[str, Any]:
     total_s = time.perf_counter() - started
     return {"decompose_s": decompose_s, "total_s": total_s, "peak_rss_bytes": _peak_rss_bytes(),
             "gguf": str(packaged.outputs[0].path), "device": result.metrics["device"],
-            "report_rel_error": result.metrics["rel_error"]}
+            "report_rel_error": result.metrics["rel_error"], "warm_up_s": warm_up_s,
+            "threads": f"kernel {kernel.thread_count()}, torch {torch.get_num_threads()}"}
 
 
 def child_llama(src: Path, dst: Path) -> dict[str, Any]:
@@ -160,12 +183,14 @@ def child_llama(src: Path, dst: Path) -> dict[str, Any]:
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_TQ2_0
+    params.nthread = os.cpu_count() or 0  # 0 would mean std::thread::hardware_concurrency(): the same
     started = time.perf_counter()
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
     seconds = time.perf_counter() - started
     if rc != 0:
         raise RuntimeError(f"llama_model_quantize returned {rc}")
-    return {"total_s": seconds, "peak_rss_bytes": _peak_rss_bytes(), "gguf": str(dst)}
+    return {"total_s": seconds, "peak_rss_bytes": _peak_rss_bytes(), "gguf": str(dst),
+            "threads": f"nthread {params.nthread}"}
 
 
 def _run_child(*args: str) -> dict[str, Any]:
@@ -275,8 +300,10 @@ def _print_table(first: dict[str, Any], second: dict[str, Any] | None) -> None:
         print(f"{label:28s} {a:>26s} {b:>22s}")
     llama_types = json.dumps(llama["types"]) if llama else "-"
     print(f"{'tensor types':28s} {json.dumps(ours['types']):>26s} {llama_types:>22s}")
+    print(f"{'threads':28s} {ours['threads']:>26s} {llama['threads'] if llama else '-':>22s}")
     print(f"ours: decompose {ours['decompose_s']:.2f} s on {ours['device']}, "
-          f"{first['n_params'] / ours['decompose_s'] / 1e6:.1f} M params/s")
+          f"{first['n_params'] / ours['decompose_s'] / 1e6:.1f} M params/s; kernel load before timing "
+          f"{ours['warm_up_s']:.2f} s (once per process)")
     if second:
         print(f"checkpoint {second['size']}: {second['n_params'] / 1e6:.0f}M parameters: ours "
               f"{second['ours']['total_s']:.1f} s, peak RSS {second['ours']['peak_rss_bytes'] / 1e6:.0f} MB, "
@@ -298,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
         return 0
     sizes = args.sizes.split(",")
+    load_before = os.getloadavg()
     root = Path(tempfile.mkdtemp(prefix="bench-decompose-", dir=args.workdir))
     try:
         first = _bench_size(sizes[0], root, with_llama=True)
@@ -306,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     _print_table(first, second)
+    print("load average (1, 5, 15 min): before " + " ".join(f"{x:.2f}" for x in load_before)
+          + ", after " + " ".join(f"{x:.2f}" for x in os.getloadavg()) + f" on {os.cpu_count()} cores")
     time_ratio = first["ours"]["total_s"] / first["llama"]["total_s"]
     error_ratio = first["ours"]["rel_error"] / first["llama"]["rel_error"]
     growth = second["ours"]["peak_rss_bytes"] / first["ours"]["peak_rss_bytes"] if second else float("nan")
