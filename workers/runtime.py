@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from functools import cache
 
@@ -13,6 +14,8 @@ from pipeline.execution import Runtime
 from pipeline.settings import Settings
 
 __all__ = ["runtime", "settings"]
+
+log = logging.getLogger(__name__)
 
 
 @cache
@@ -43,3 +46,14 @@ def runtime() -> Runtime:
 @worker_process_init.connect
 def _forget_parent_connections(**_kwargs: object) -> None:
     forget_engines_after_fork()
+    _warm_up_kernel()
+
+
+def _warm_up_kernel() -> None:
+    # Load the compiled ternary kernel at start-up, not inside the first decompose it serves.
+    from pipeline.ternary import kernel
+
+    try:
+        log.info("ternary kernel ready in %.2fs", kernel.warm_up())
+    except Exception:  # noqa: BLE001 - not fatal here: the first decompose reports the same error
+        log.warning("ternary kernel could not be loaded", exc_info=True)
