@@ -35,10 +35,11 @@ import torch
 
 from pipeline.errors import InputError, IntegrityError
 from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult, inputs_of
+from pipeline.stages.decompose_merge import finish_report
 from pipeline.ternary.decompose import decompose_packed
 from pipeline.ternary.pack import bits_per_weight, decode_bytes, encode_plain, tensor_nbytes
 from pipeline.ternary.policy import Recipe, TensorDecision, decide, get_recipe
-from pipeline.ternary.report import TensorReport, build_report, render_plot
+from pipeline.ternary.report import TensorReport
 
 __all__ = ["NAME", "VERSION", "PART_FORMAT", "Params", "make_params", "run", "read_part_index", "part_name"]
 
@@ -46,8 +47,6 @@ NAME = "decompose"
 VERSION = "1"
 PART_FORMAT = "ternary-part/1"
 CARD_NAME = "model_card.json"
-REPORT_NAME = "report.json"
-PLOT_NAME = "sparsity.png"
 _VERIFY_TOLERANCE = 1e-3  # relative slack between torch's error and numpy's dequantized error
 _MAX_CARD_BYTES = 64 * 1024 * 1024
 
@@ -319,12 +318,6 @@ def _peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_bytes(data)
-    os.replace(partial, path)
-
-
 def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> StageResult:
     """Decompose every shard (or ``params.shards``) into part files, then write the report and plot.
 
@@ -362,21 +355,5 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
         "shards": selected, "elapsed_s": round(elapsed_s, 3), "peak_rss_bytes": _peak_rss_bytes(),
         "source_format": card.get("format"), "source_types": card.get("dtypes"),
     }
-    report = build_report(rows, header)
-    report_text = json.dumps(report, indent=1, allow_nan=False) + "\n"
-    _write_atomic(workdir / REPORT_NAME, report_text.encode("utf-8"))
-    _write_atomic(workdir / PLOT_NAME, render_plot(report))
-    outputs.append(OutputFile(REPORT_NAME, workdir / REPORT_NAME, "decompose-report", "application/json"))
-    outputs.append(OutputFile(PLOT_NAME, workdir / PLOT_NAME, "plot", "image/png"))
-    totals = report["totals"]
-    metrics = {
-        "sparsity": totals["sparsity"], "rel_error": totals["rel_error"],
-        "absmean_rel_error": totals["absmean_rel_error"], "bpw": totals["bits_per_weight"],
-        "ternary_bpw": totals["ternary_bits_per_weight"], "n_ternary": totals["n_ternary"],
-        "n_fallback": totals["n_fallback"], "n_tensors": totals["n_tensors"], "n_bytes": totals["n_bytes"],
-        "device": str(device), "peak_rss_bytes": header["peak_rss_bytes"], "elapsed_s": header["elapsed_s"],
-        # What the weights were before: a GGUF source's type histogram (Q4_K: 27, Q6_K: 9, ...).
-        "source_format": card.get("format"), "source_types": card.get("dtypes"),
-    }
-    warnings = tuple(f["reason"] for f in report["fallbacks"])
-    return StageResult(outputs=tuple(outputs), metrics=metrics, warnings=warnings)
+    report_outputs, metrics, warnings = finish_report(rows, header, workdir)
+    return StageResult(outputs=(*outputs, *report_outputs), metrics=metrics, warnings=warnings)

@@ -37,6 +37,7 @@ def finish_report(
         "n_fallback": totals["n_fallback"], "n_tensors": totals["n_tensors"], "n_bytes": totals["n_bytes"],
         "device": header.get("device"), "peak_rss_bytes": header.get("peak_rss_bytes"),
         "elapsed_s": header.get("elapsed_s"),
+        # What the weights were before: a GGUF source's type histogram (Q4_K: 27, Q6_K: 9, ...).
         "source_format": header.get("source_format"), "source_types": header.get("source_types"),
     }
     outputs = [
