@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline.errors import IntegrityError
+from pipeline.safetensors_header import DTYPE_SIZE_BYTES
 
 __all__ = [
     "SafetensorsEntry",
@@ -44,24 +45,8 @@ _MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own cap
 _IOV_MAX = 1024  # Linux's limit on buffers per preadv call
 _COPY_CHUNK = 1 << 30
 
-# safetensors dtype -> bytes per element
-ITEM_BYTES = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
-    "I16": 2,
-    "U16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "I32": 4,
-    "U32": 4,
-    "F32": 4,
-    "I64": 8,
-    "U64": 8,
-    "F64": 8,
-}
+# safetensors dtype -> bytes per element: the one table the header reader uses too.
+ITEM_BYTES = DTYPE_SIZE_BYTES
 
 
 @dataclass(frozen=True)
