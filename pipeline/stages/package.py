@@ -183,7 +183,7 @@ def _metadata(
 ) -> dict[str, Any]:
     import gguf
 
-    from pipeline.gguf_pack.keys import Bonsai, General
+    from pipeline.gguf_pack.keys import General
     from pipeline.gguf_pack.write import file_type_for, llama_metadata
 
     file_type = file_type_for(gguf.GGMLQuantizationType[t] for t in types)
@@ -191,15 +191,20 @@ def _metadata(
     meta.update(llama_metadata(config, file_type, arch))
     meta[General.QUANTIZATION_VERSION] = _GGML_QUANT_VERSION
     meta.update(vocab_meta)
-    meta.update(
-        {
-            Bonsai.SOURCE: params.source,
-            Bonsai.RECIPE: params.recipe,
-            Bonsai.VERSION: __version__,
-            Bonsai.SOURCE_CARD_SHA256: card_sha256,
-        }
-    )
+    meta.update(provenance_keys(params, card_sha256))
     return meta
+
+
+def provenance_keys(params: Params, card_sha256: str) -> dict[str, Any]:
+    """The bonsai.* keys every packaged file carries: where it came from and what made it."""
+    from pipeline.gguf_pack.keys import Bonsai
+
+    return {
+        Bonsai.SOURCE: params.source,
+        Bonsai.RECIPE: params.recipe,
+        Bonsai.VERSION: __version__,
+        Bonsai.SOURCE_CARD_SHA256: card_sha256,
+    }
 
 
 def _generated_tensors(config: Mapping[str, Any]) -> list[Any]:

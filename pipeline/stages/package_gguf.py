@@ -18,22 +18,29 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline import __version__
 from pipeline.errors import InputError, IntegrityError
 from pipeline.stages.base import InputFile, OutputFile, StageResult
-from pipeline.stages.package import OUTPUT_NAME, Params, PartTensor, _loader, _require, _verify_bytes
+from pipeline.stages.package import (
+    _GGML_QUANT_VERSION,
+    OUTPUT_NAME,
+    Params,
+    PartTensor,
+    _loader,
+    _require,
+    _verify_bytes,
+    provenance_keys,
+)
 
 __all__ = ["package_gguf_source"]
 
 log = logging.getLogger(__name__)
 
-_GGML_QUANT_VERSION = 2  # gguf-py's GGML_QUANT_VERSION; llama.cpp checks it for block types
 
 
 def _metadata(params: Params, copied: Mapping[str, Any], types: set[str], card_sha256: str) -> dict[str, Any]:
     import gguf
 
-    from pipeline.gguf_pack.keys import Bonsai, General
+    from pipeline.gguf_pack.keys import General
     from pipeline.gguf_pack.write import file_type_for
 
     meta: dict[str, Any] = dict(copied)
@@ -41,14 +48,7 @@ def _metadata(params: Params, copied: Mapping[str, Any], types: set[str], card_s
     meta.setdefault(General.NAME, params.model_name)
     meta[General.FILE_TYPE] = int(file_type_for(gguf.GGMLQuantizationType[t] for t in types))
     meta[General.QUANTIZATION_VERSION] = _GGML_QUANT_VERSION
-    meta.update(
-        {
-            Bonsai.SOURCE: params.source,
-            Bonsai.RECIPE: params.recipe,
-            Bonsai.VERSION: __version__,
-            Bonsai.SOURCE_CARD_SHA256: card_sha256,
-        }
-    )
+    meta.update(provenance_keys(params, card_sha256))
     return meta
 
 
