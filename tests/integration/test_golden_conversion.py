@@ -1,0 +1,43 @@
+"""The same conversion gives the same GGUF bytes, before and after any refactoring.
+
+The digests below were recorded with `bonsai convert` on the demo checkpoints before the
+layout was reorganised into layer folders (issue 9). A change that alters them changes what
+users get: it must be deliberate (a new recipe default, a new provenance key, a version bump)
+and re-record them here in the same commit, saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.llama, pytest.mark.slow]
+
+GOLDEN_SHA256 = {
+    "llama": "e521df71214825cee43f3ede3cbf305730d67a274a24abe3221801f7c3ce5eaa",
+    "qwen2": "5b9860d4a1179e7337962524855527623c8bf4cf7090b955c2154a370683c4b0",
+    "bitnet": "d20de76567fce401dc88864ab68b243231ff292e2f7fe4c976991f0eb9a00660",
+}
+
+
+def _bonsai(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("BONSAI_")}
+    env["BONSAI_HOME"] = str(cwd / "home")
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("architecture", sorted(GOLDEN_SHA256))
+def test_demo_conversion_bytes_are_unchanged(tmp_path: Path, architecture: str) -> None:
+    made = _bonsai(tmp_path, "demo-checkpoint", architecture, "--architecture", architecture)
+    assert made.returncode == 0, made.stderr
+    # A relative source: the source spec is recorded in the file (bonsai.source).
+    result = _bonsai(tmp_path, "convert", architecture, "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    detail = json.loads(result.stdout)
+    assert detail["gguf"]["sha256"] == GOLDEN_SHA256[architecture]
