@@ -19,7 +19,7 @@ import pytest
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
 GOLDEN_SHA256 = {
-    "llama": "e521df71214825cee43f3ede3cbf305730d67a274a24abe3221801f7c3ce5eaa",
+    "llama": "71e1e52cc1c5763b17125154a3831080b99c6414c7943eaf9ebb1f7b377bbddd",
     "qwen2": "5b9860d4a1179e7337962524855527623c8bf4cf7090b955c2154a370683c4b0",
     "bitnet": "d20de76567fce401dc88864ab68b243231ff292e2f7fe4c976991f0eb9a00660",
 }
