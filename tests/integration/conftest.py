@@ -67,10 +67,11 @@ def redis_url() -> str:
 
 @pytest.fixture
 def broker_url(redis_url: str) -> Iterator[str]:
-    """A Redis database of its own (index 11) on the shared server, emptied before and after."""
+    """A Redis database of its own (index 11, or BONSAI_TEST_REDIS_DB) on the shared server, emptied
+    before and after. Two test runs on one machine at once need different indexes."""
     import redis
 
-    url = redis_url.rsplit("/", 1)[0] + "/11"
+    url = redis_url.rsplit("/", 1)[0] + "/" + os.environ.get("BONSAI_TEST_REDIS_DB", "11")
     client = redis.Redis.from_url(url)
     client.flushdb()
     yield url
