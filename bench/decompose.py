@@ -77,7 +77,7 @@ def build_checkpoint(dest: Path, size: str, seed: int = 0) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from pipeline.demo import write_demo_checkpoint
+    from pipeline.demo.checkpoint import write_demo_checkpoint
 
     layers, hidden, inter, heads, kv = SIZES[size]
     tok = write_demo_checkpoint(dest / "_tokenizer")
@@ -207,7 +207,7 @@ def make_f16_gguf(ckpt: Path, card: dict[str, Any], card_path: Path, work: Path)
     import numpy as np
     from safetensors.numpy import save_file
 
-    from pipeline.gguf_pack.source import iter_tensors
+    from pipeline.formats.hf.checkpoint import iter_tensors
     from pipeline.stages import package
     from pipeline.stages.base import InputFile, JobSpec
     from pipeline.ternary.pack import encode_plain
@@ -239,7 +239,7 @@ def gguf_error(path: Path, card: dict[str, Any], ckpt: Path) -> dict[str, Any]:
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    from pipeline.gguf_pack.source import iter_tensors
+    from pipeline.formats.hf.checkpoint import iter_tensors
 
     reader = GGUFReader(str(path))
     by_name = {t.name: t for t in reader.tensors}

@@ -32,10 +32,10 @@ from sqlalchemy import select
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipeline.core.states import STAGE_ORDER  # noqa: E402
 from pipeline.db import migrate  # noqa: E402
 from pipeline.db.models import Job, StageRun  # noqa: E402
 from pipeline.db.session import make_engine, make_sessionmaker, session_scope  # noqa: E402
-from pipeline.states import STAGE_ORDER  # noqa: E402
 
 PG_ADMIN = os.environ.get("BONSAI_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 REDIS_BASE = os.environ.get("BONSAI_TEST_REDIS_URL", "redis://127.0.0.1:6379/0").rsplit("/", 1)[0]

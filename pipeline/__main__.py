@@ -1,5 +1,5 @@
 """`python -m pipeline` is the `bonsai` command."""
 
-from pipeline.cli import main
+from pipeline.app.cli import main
 
 main()

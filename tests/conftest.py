@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.demo import write_demo_checkpoint
+from pipeline.demo.checkpoint import write_demo_checkpoint
 from pipeline.stages.base import InputFile, sha256_file
 
 
@@ -85,8 +85,8 @@ def make_parts(
     """Stand-in for decompose: every tensor of the card, block linears as `ternary`, split in parts."""
     from safetensors.numpy import save_file
 
-    from pipeline.gguf_pack.keys import PART_METADATA_TENSORS
-    from pipeline.gguf_pack.source import iter_tensors
+    from pipeline.formats.gguf.keys import PART_METADATA_TENSORS
+    from pipeline.formats.hf.checkpoint import iter_tensors
 
     dest.mkdir(parents=True, exist_ok=True)
     files = {shard: checkpoint / shard for shard in card["shards"]}
@@ -113,7 +113,7 @@ def make_parts(
 
 
 def _planned_shape(card: dict[str, Any], gguf_name: str) -> tuple[int, ...]:
-    from pipeline.gguf_pack.source import tensor_plan
+    from pipeline.formats.hf.checkpoint import tensor_plan
 
     return next(p.shape for p in tensor_plan(card) if p.gguf_name == gguf_name)
 

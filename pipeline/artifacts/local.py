@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 from pipeline.artifacts.store import StoredArtifact, check_digest
-from pipeline.errors import IntegrityError
+from pipeline.core.errors import IntegrityError
 
 __all__ = ["LocalStore"]
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 
 __all__ = ["ArtifactStore", "StoredArtifact", "check_digest"]
 

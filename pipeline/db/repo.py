@@ -13,9 +13,9 @@ from typing import Any
 from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session, selectinload
 
+from pipeline.core.errors import InputError
+from pipeline.core.states import JobState, StageName, StageState, require
 from pipeline.db.models import Artifact, Job, Provenance, RunArtifact, StageRun, utcnow
-from pipeline.errors import InputError
-from pipeline.states import JobState, StageName, StageState, require
 
 __all__ = [
     "create_job",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from pipeline.states import StageName
+from pipeline.core.states import StageName
 
 __all__ = ["load_stage", "UPSTREAM"]
 

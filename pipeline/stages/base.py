@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 
 __all__ = [
     "InputFile",

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError, IntegrityError
+from pipeline.core.errors import InputError, IntegrityError
 from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult, inputs_of, safe_relpath
 
 __all__ = [

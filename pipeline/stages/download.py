@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.errors import InputError, IntegrityError
-from pipeline.hub import HfHubClient, HubClient, HubFile
+from pipeline.clients.hub import HfHubClient, HubClient, HubFile
+from pipeline.core.errors import InputError, IntegrityError
 from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult, safe_relpath
 
 __all__ = [

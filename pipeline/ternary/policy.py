@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 from pipeline.ternary.pack import QK_K
 
 __all__ = ["Recipe", "TensorDecision", "RECIPES", "LINEAR_KINDS", "get_recipe", "decide"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.artifacts import LocalStore, MemoryStore
-from pipeline.errors import InputError, IntegrityError
+from pipeline.core.errors import InputError, IntegrityError
 
 
 @pytest.fixture(params=["local", "memory"])

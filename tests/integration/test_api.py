@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from pipeline.api.app import create_app
-from pipeline.api.auth import new_token
-from pipeline.bootstrap import build_runtime, migrate_database
-from pipeline.settings import Settings
+from pipeline.app.api.app import create_app
+from pipeline.app.api.auth import new_token
+from pipeline.core.settings import Settings
+from pipeline.orchestration.runtime import build_runtime, migrate_database
 
 pytestmark = pytest.mark.services
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import redis
 
-from pipeline.api.auth import new_token
+from pipeline.app.api.auth import new_token
 from tests.integration.conftest import free_port
 
 pytestmark = pytest.mark.services

@@ -17,15 +17,21 @@ from pathlib import Path
 import pytest
 from sqlalchemy import delete, select
 
-from pipeline.audit import audit_artifact, chain_statements, export_statements, job_gguf, resolve_artifact
-from pipeline.bootstrap import build_runtime, migrate_database
+from pipeline.core.errors import InputError
+from pipeline.core.settings import Settings
 from pipeline.db import repo
 from pipeline.db.models import Provenance, RunArtifact
 from pipeline.db.session import session_scope
-from pipeline.embedded import run_job
-from pipeline.errors import InputError
-from pipeline.execution import Runtime
-from pipeline.settings import Settings
+from pipeline.orchestration.embedded import run_job
+from pipeline.orchestration.execution import Runtime
+from pipeline.orchestration.runtime import build_runtime, migrate_database
+from pipeline.provenance.audit import (
+    audit_artifact,
+    chain_statements,
+    export_statements,
+    job_gguf,
+    resolve_artifact,
+)
 
 pytestmark = pytest.mark.services
 
@@ -163,7 +169,7 @@ def test_statement_about_other_bytes_and_missing_statement(chain: Chain) -> None
 def test_signed_chain_verifies_and_edited_statement_is_caught(chain: Chain, tmp_path: Path) -> None:
     if os.environ.get("CI") != "true":
         pytest.importorskip("cryptography", reason="pip install '.[signing]' for signing")
-    from pipeline.signing import generate_key, load_private_key, load_public_key, sign_pending
+    from pipeline.provenance.signing import generate_key, load_private_key, load_public_key, sign_pending
 
     private_path, public_path = generate_key(tmp_path / "k.pem")
     public = load_public_key(public_path)

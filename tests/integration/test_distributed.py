@@ -13,7 +13,7 @@ import psycopg
 import pytest
 import redis
 
-from pipeline.demo import write_demo_checkpoint
+from pipeline.demo.checkpoint import write_demo_checkpoint
 from tests.integration.conftest import free_port
 from tests.support.cluster import Cluster, store_is_clean
 from tests.support.hub_cache import COMMIT, REPO, cache_from_folder

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.bootstrap import build_runtime
+from pipeline.core.settings import Settings
+from pipeline.core.states import JobState
 from pipeline.db import repo
 from pipeline.db.session import session_scope
-from pipeline.demo import write_demo_checkpoint
-from pipeline.embedded import run_job
-from pipeline.settings import Settings
-from pipeline.states import JobState
+from pipeline.demo.checkpoint import write_demo_checkpoint
+from pipeline.orchestration.embedded import run_job
+from pipeline.orchestration.runtime import build_runtime
 from tests.support.cluster import Cluster, store_is_clean
 from tests.support.sharding import shard_checkpoint
 

@@ -44,12 +44,12 @@ def gemma_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def converted(gemma_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Run the job embedded; returns `bonsai show --json`'s detail (views.job_detail) and the home."""
-    from pipeline import views
-    from pipeline.bootstrap import build_runtime
+    from pipeline.app import views
+    from pipeline.core.settings import Settings
     from pipeline.db import repo
     from pipeline.db.session import session_scope
-    from pipeline.embedded import run_job
-    from pipeline.settings import Settings
+    from pipeline.orchestration.embedded import run_job
+    from pipeline.orchestration.runtime import build_runtime
 
     home = tmp_path_factory.mktemp("home")
     rt = build_runtime(Settings(home=home))

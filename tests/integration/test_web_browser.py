@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from pipeline.api.auth import new_token
+from pipeline.app.api.auth import new_token
 
 pytestmark = [pytest.mark.services, pytest.mark.llama, pytest.mark.slow]
 

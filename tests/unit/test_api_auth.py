@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from pipeline.api.auth import (
+from pipeline.app.api.auth import (
     ApiToken,
     TokenRedactingFilter,
     hash_token,
@@ -14,7 +14,7 @@ from pipeline.api.auth import (
     parse_tokens,
     redact_token_query,
 )
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 
 
 def test_new_token_entry_holds_only_the_hash() -> None:

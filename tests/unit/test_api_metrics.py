@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from pipeline.api.metrics import DURATION_BUCKETS_S, _buckets
+from pipeline.app.api.metrics import DURATION_BUCKETS_S, _buckets
 
 
 def test_buckets_are_cumulative_and_end_with_inf() -> None:
@@ -25,10 +25,10 @@ def test_no_samples_give_zero_buckets() -> None:
 
 
 def test_api_audit_and_signing_import_no_celery() -> None:
-    # The stage -> queue table is read from workers.celery_app only when /metrics is scraped.
+    # The stage -> queue table is read from pipeline.orchestration.distributed.celery_app only when /metrics is scraped.
     code = (
         "import sys\n"
-        "import pipeline.api.app, pipeline.audit, pipeline.signing, pipeline.cli\n"
+        "import pipeline.app.api.app, pipeline.provenance.audit, pipeline.provenance.signing, pipeline.app.cli\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('celery', 'kombu', 'workers'))\n"
         "print(','.join(bad))\n"
     )

@@ -11,11 +11,11 @@ import torch
 from conftest import card_for_checkpoint
 from safetensors import safe_open
 
-from pipeline.demo import write_demo_checkpoint
-from pipeline.errors import InputError
-from pipeline.gguf_pack.names import ARCH_SPECS, HF_ARCHITECTURES
-from pipeline.gguf_pack.source import bitnet_weight_quant, iter_tensors, tensor_plan
-from pipeline.stages.inspect import SUPPORTED_ARCHITECTURES
+from pipeline.core.errors import InputError
+from pipeline.demo.checkpoint import write_demo_checkpoint
+from pipeline.formats.hf.architectures import ARCH_SPECS, HF_ARCHITECTURES
+from pipeline.formats.hf.checkpoint import bitnet_weight_quant, iter_tensors, tensor_plan
+from pipeline.stages.inspect.stage import SUPPORTED_ARCHITECTURES
 from pipeline.ternary.policy import decide, get_recipe
 
 

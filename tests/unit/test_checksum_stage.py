@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import InputError, IntegrityError
+from pipeline.core.errors import InputError, IntegrityError
 from pipeline.stages import checksum
 from pipeline.stages.base import InputFile
 

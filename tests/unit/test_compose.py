@@ -10,8 +10,8 @@ import click
 import pytest
 import yaml
 
-from pipeline.cli import cli
-from workers.celery_app import QUEUES
+from pipeline.app.cli import cli
+from pipeline.orchestration.distributed.celery_app import QUEUES
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from pipeline.coordinator import Action, next_step, progress, retry_stages
-from pipeline.states import STAGE_ORDER, StageName, StageState
+from pipeline.core.states import STAGE_ORDER, StageName, StageState
+from pipeline.orchestration.coordinator import Action, next_step, progress, retry_stages
 
 S = StageState
 

@@ -12,10 +12,10 @@ import torch
 from gguf import GGMLQuantizationType, quants
 from safetensors import safe_open
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 from pipeline.stages.base import InputFile, JobSpec, sha256_file
 
-source = pytest.importorskip("pipeline.gguf_pack.source", reason="pipeline/gguf_pack/source.py is missing")
+source = pytest.importorskip("pipeline.formats.hf.checkpoint", reason="formats/hf/checkpoint.py is missing")
 from pipeline.stages import decompose  # noqa: E402
 
 _CONFIG = {
@@ -159,7 +159,7 @@ def test_tensors_read_as_stored_equal_the_float32_ones(tmp_path: Path) -> None:
 
 
 def test_dropped_tensors_memory_is_reused(tmp_path: Path) -> None:
-    from pipeline.gguf_pack.rawio import ReusableBuffers
+    from pipeline.formats.rawio import ReusableBuffers
 
     pool = ReusableBuffers(np.uint8, keep=2)
     first = pool.get(100)
@@ -175,8 +175,8 @@ def test_dropped_tensors_memory_is_reused(tmp_path: Path) -> None:
 def test_safetensors_headers_are_checked(tmp_path: Path) -> None:
     import struct
 
-    from pipeline.errors import IntegrityError
-    from pipeline.gguf_pack.rawio import read_safetensors_header
+    from pipeline.core.errors import IntegrityError
+    from pipeline.formats.rawio import read_safetensors_header
 
     def write(header: dict[str, Any], data: bytes = b"\0" * 16) -> Path:
         raw = json.dumps(header).encode()

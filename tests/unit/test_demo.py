@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
-from pipeline.demo import DEMO_FILES, write_demo_checkpoint
+from pipeline.demo.checkpoint import DEMO_FILES, write_demo_checkpoint
 
 _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

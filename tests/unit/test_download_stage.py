@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import InputError, TransientError
-from pipeline.hub import HubFile
+from pipeline.clients.hub import HubFile
+from pipeline.core.errors import InputError, TransientError
 from pipeline.stages import download
 from pipeline.stages.base import JobSpec
 

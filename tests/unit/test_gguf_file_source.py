@@ -14,10 +14,10 @@ import pytest
 import torch
 from conftest import package_inputs
 
-from pipeline.errors import InputError, IntegrityError
-from pipeline.gguf_pack import gguf_source
-from pipeline.gguf_pack.reader import GGUFFile
-from pipeline.gguf_pack.write import TensorToWrite, write_gguf
+from pipeline.core.errors import InputError, IntegrityError
+from pipeline.formats.gguf import tensor_source as gguf_source
+from pipeline.formats.gguf.reader import GGUFFile
+from pipeline.formats.gguf.writer import TensorToWrite, write_gguf
 from pipeline.stages import decompose, inspect, package
 from pipeline.stages.base import InputFile, JobSpec, sha256_file
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from pipeline.errors import InputError
-from pipeline.gguf_pack.source import PlannedTensor, iter_tensors, rope_permute, tensor_plan
+from pipeline.core.errors import InputError
+from pipeline.formats.hf.checkpoint import PlannedTensor, iter_tensors, rope_permute, tensor_plan
 
 
 def _reference_permute(weight: torch.Tensor, n_head: int) -> torch.Tensor:

@@ -9,10 +9,10 @@ from pathlib import Path
 import gguf
 import pytest
 
-from pipeline.demo_tokenizers import training_text, write_tokenizer
-from pipeline.errors import InputError
-from pipeline.gguf_pack.keys import Tokenizer as TK
-from pipeline.gguf_pack.spm import load_spm_vocab, read_spm_model
+from pipeline.core.errors import InputError
+from pipeline.demo.tokenizers import training_text, write_tokenizer
+from pipeline.formats.gguf.keys import Tokenizer as TK
+from pipeline.formats.tokenizer.spm import load_spm_vocab, read_spm_model
 
 sentencepiece = pytest.importorskip("sentencepiece")
 

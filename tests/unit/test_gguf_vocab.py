@@ -10,10 +10,10 @@ from typing import Any
 import gguf
 import pytest
 
-from pipeline.errors import InputError
-from pipeline.gguf_pack.keys import Tokenizer as TK
-from pipeline.gguf_pack.vocab import detect_pre_tokenizer, load_vocab
-from pipeline.gguf_pack.write import llama_metadata, write_gguf
+from pipeline.core.errors import InputError
+from pipeline.formats.gguf.keys import Tokenizer as TK
+from pipeline.formats.gguf.writer import llama_metadata, write_gguf
+from pipeline.formats.tokenizer.vocab import detect_pre_tokenizer, load_vocab
 
 _LLAMA3_SPLIT = {
     "type": "Split",

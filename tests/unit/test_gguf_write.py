@@ -9,9 +9,9 @@ import gguf
 import numpy as np
 import pytest
 
-from pipeline.errors import InputError, IntegrityError
-from pipeline.gguf_pack.inspect import inspect_gguf, read_metadata
-from pipeline.gguf_pack.write import (
+from pipeline.core.errors import InputError, IntegrityError
+from pipeline.formats.gguf.readback import inspect_gguf, read_metadata
+from pipeline.formats.gguf.writer import (
     TensorToWrite,
     Typed,
     file_type_for,
@@ -172,7 +172,7 @@ def test_inspect_rejects_truncated_and_hostile_files(tmp_path: Path) -> None:
 def test_llama3_rope_factors_blend_low_frequencies() -> None:
     import math
 
-    from pipeline.gguf_pack.write import llama3_rope_factors
+    from pipeline.formats.gguf.writer import llama3_rope_factors
 
     scaling = {
         "rope_type": "llama3",

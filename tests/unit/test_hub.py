@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import InputError, TransientError
-from pipeline.hub import HfHubClient, HubFile, is_commit_sha
+from pipeline.clients.hub import HfHubClient, HubFile, is_commit_sha
+from pipeline.core.errors import InputError, TransientError
 from pipeline.stages import checksum, download
 from pipeline.stages.base import InputFile, JobSpec
 from tests.support.hub_cache import COMMIT, REPO, build_hub_cache

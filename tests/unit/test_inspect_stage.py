@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from pipeline.errors import InputError, IntegrityError
+from pipeline.core.errors import InputError, IntegrityError
 from pipeline.stages import checksum, inspect
 from pipeline.stages.base import InputFile, StageResult
 

@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from pipeline.bootstrap import build_runtime
+from pipeline.core.errors import InputError, TransientError
+from pipeline.core.settings import Settings
+from pipeline.core.states import JobState, StageName
 from pipeline.db import repo
 from pipeline.db.models import Artifact, StageRun
 from pipeline.db.session import session_scope
-from pipeline.embedded import run_job
-from pipeline.errors import InputError, TransientError
-from pipeline.execution import Runtime
-from pipeline.job_control import cancel_job, read_manifest, retry_job
-from pipeline.settings import Settings
-from pipeline.states import JobState, StageName
+from pipeline.orchestration.embedded import run_job
+from pipeline.orchestration.execution import Runtime
+from pipeline.orchestration.job_control import cancel_job, read_manifest, retry_job
+from pipeline.orchestration.runtime import build_runtime
 
 
 class FlakyHub:
@@ -156,8 +156,8 @@ def test_statements_are_signed_as_they_are_recorded_when_a_key_is_set(
     tmp_path: Path, demo_checkpoint: Path
 ) -> None:
     pytest.importorskip("cryptography", reason="pip install '.[signing]' for signing")
-    from pipeline import signing
     from pipeline.db.models import Provenance
+    from pipeline.provenance import signing
 
     private_path, _public_path = signing.generate_key(tmp_path / "key.pem")
     key = signing.load_private_key(private_path)
@@ -174,7 +174,7 @@ def test_statements_are_signed_as_they_are_recorded_when_a_key_is_set(
 
 def test_secret_looking_options_are_refused_before_anything_is_recorded(tmp_path: Path) -> None:
     from pipeline.db.models import Job
-    from pipeline.job_control import JobRequest, create_jobs
+    from pipeline.orchestration.job_control import JobRequest, create_jobs
 
     rt = _runtime(tmp_path)
     requests = [JobRequest("./ok"), JobRequest("./bad", options={"hf_token": "hf_abc"})]

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from conftest import card_for_checkpoint, package_inputs
 
-from pipeline.errors import IntegrityError
-from pipeline.gguf_pack.inspect import inspect_gguf
-from pipeline.stages import package
+from pipeline.core.errors import IntegrityError
+from pipeline.formats.gguf.readback import inspect_gguf
+from pipeline.stages.package import stage as package
 from pipeline.stages.base import JobSpec
 
 
@@ -214,7 +214,7 @@ def test_llama3_rope_scaling_adds_rope_freqs(demo_checkpoint: Path, tmp_path: Pa
 
 def test_file_range_copy_writes_what_ggufs_own_writer_writes(tmp_path: Path) -> None:
     """Tensor bytes copied file to file land exactly where gguf.GGUFWriter would put them."""
-    from pipeline.gguf_pack.write import TensorToWrite, write_gguf
+    from pipeline.formats.gguf.writer import TensorToWrite, write_gguf
 
     rng = np.random.default_rng(0)
     arrays = {"a": rng.integers(0, 255, 66 * 3, dtype=np.uint8),
@@ -245,7 +245,7 @@ def test_file_range_copy_writes_what_ggufs_own_writer_writes(tmp_path: Path) -> 
 
 def test_verify_bytes_finds_one_changed_byte(packaged: Any, demo_checkpoint: Path, demo_card: dict[str, Any],
                                              tmp_path: Path) -> None:
-    from pipeline.gguf_pack.reader import GGUFFile
+    from pipeline.formats.gguf.reader import GGUFFile
 
     inputs = package_inputs(demo_checkpoint, demo_card, tmp_path)
     parts = {n: f for n, f in inputs.items() if n.startswith("decompose/")}

@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from pipeline.errors import InputError, IntegrityError
-from pipeline.safetensors_header import MAX_HEADER_BYTES, read_header
+from pipeline.core.errors import InputError, IntegrityError
+from pipeline.formats.safetensors import MAX_HEADER_BYTES, read_header
 
 
 def _real(tmp_path: Path) -> Path:

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import InputError, IntegrityError
-from pipeline.signing import PAYLOAD_TYPE, pae
+from pipeline.core.errors import InputError, IntegrityError
+from pipeline.provenance.signing import PAYLOAD_TYPE, pae
 
 if os.environ.get("CI") != "true":
     # Locally the signing extra may be missing; under CI it is installed and must not skip.
     pytest.importorskip("cryptography", reason="pip install '.[signing]' for the signing tests")
 
-from pipeline.signing import (  # noqa: E402
+from pipeline.provenance.signing import (  # noqa: E402
     configured_public_key,
     generate_key,
     is_signed_by,

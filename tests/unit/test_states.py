@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.errors import IllegalTransition
-from pipeline.states import JobState, StageName, StageState, downstream_of, require
+from pipeline.core.errors import IllegalTransition
+from pipeline.core.states import JobState, StageName, StageState, downstream_of, require
 
 
 def test_normal_attempt_path_is_allowed() -> None:

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from conftest import package_inputs
 
-from pipeline.errors import InputError, IntegrityError
-from pipeline.gguf_pack.reader import GGUFFile
-from pipeline.gguf_pack.write import TensorToWrite, Typed, write_gguf
+from pipeline.core.errors import InputError, IntegrityError
+from pipeline.formats.gguf.reader import GGUFFile
+from pipeline.formats.gguf.writer import TensorToWrite, Typed, write_gguf
 from pipeline.stages import package, validate
 from pipeline.stages.base import InputFile, JobSpec, sha256_file
-from pipeline.validation import file_checks
-from pipeline.validation.judge import agreement_stats
+from pipeline.stages.validate import file_checks
+from pipeline.stages.validate.judge import agreement_stats
 
 _SOURCE_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors")
 

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from conftest import card_for_checkpoint, package_inputs
 
-from pipeline.gguf_pack.gguf_source import dequantize_tensor
-from pipeline.gguf_pack.reader import GGUFFile
-from pipeline.gguf_pack.source import iter_tensors
+from pipeline.formats.gguf.reader import GGUFFile
+from pipeline.formats.gguf.tensor_source import dequantize_tensor
+from pipeline.formats.hf.checkpoint import iter_tensors
 from pipeline.stages import package
 from pipeline.stages.base import JobSpec
-from pipeline.validation.reference import REFERENCE_KEY, build_reference
+from pipeline.stages.validate.reference import REFERENCE_KEY, build_reference
 
 
 def _converted(checkpoint: Path, card: dict[str, Any], tmp: Path) -> Path:

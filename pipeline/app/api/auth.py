@@ -1,0 +1,149 @@
+"""Bearer tokens for the HTTP API: configured as sha256 hashes, checked per route scope.
+
+`BONSAI_API_TOKENS` is a comma-separated list of ``name:scopes:sha256hex`` entries,
+scopes joined by ``+`` (``read``, ``submit``). Only hashes are configured, so the
+settings file or environment never holds a usable token. A ``submit`` token may also
+read: whoever can change jobs can see them.
+
+A request without a valid token gets 401 (with ``WWW-Authenticate: Bearer``); a valid
+token without the route's scope gets 403.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from pipeline.core.errors import InputError
+
+__all__ = [
+    "ApiToken",
+    "SCOPES",
+    "hash_token",
+    "new_token",
+    "parse_tokens",
+    "require_scope",
+    "redact_token_query",
+    "TokenRedactingFilter",
+]
+
+SCOPES = ("read", "submit")
+# What each scope also grants.
+_IMPLIED = {"submit": {"read"}}
+
+_TOKEN_QUERY = re.compile(r"([?&]token=)[^&#\s]*", re.IGNORECASE)
+
+_bearer = HTTPBearer(auto_error=False, description="A token from `bonsai api-token NAME`.")
+
+
+@dataclass(frozen=True)
+class ApiToken:
+    """A configured token: who it belongs to, what it may do, and the sha256 of its secret."""
+
+    name: str
+    scopes: frozenset[str]
+    sha256: str
+
+    def allows(self, scope: str) -> bool:
+        return scope in self.scopes or any(scope in _IMPLIED.get(s, ()) for s in self.scopes)
+
+
+def hash_token(token: str) -> str:
+    """The hex sha256 of a token's text, as configured in BONSAI_API_TOKENS."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def new_token(name: str, scopes: tuple[str, ...]) -> tuple[str, str]:
+    """A fresh random token and its BONSAI_API_TOKENS entry (the entry holds only the hash)."""
+    token = "bonsai_" + secrets.token_urlsafe(32)
+    return token, f"{name}:{'+'.join(sorted(set(scopes)))}:{hash_token(token)}"
+
+
+def parse_tokens(spec: str) -> list[ApiToken]:
+    """Parse BONSAI_API_TOKENS; InputError names the entry at fault."""
+    tokens = []
+    for index, entry in enumerate((e.strip() for e in spec.split(",")), 1):
+        if not entry:
+            continue
+        parts = entry.split(":")
+        if len(parts) != 3:
+            raise InputError(
+                f"BONSAI_API_TOKENS entry {index} must look like name:scopes:sha256hex "
+                f"(got {len(parts)} field(s)); make one with `bonsai api-token NAME`"
+            )
+        name, scope_text, digest = (p.strip() for p in parts)
+        scopes = frozenset(s for s in scope_text.split("+") if s)
+        unknown = sorted(scopes - set(SCOPES))
+        if not name or not scopes or unknown:
+            raise InputError(
+                f"BONSAI_API_TOKENS entry {index} ({name or 'no name'}): scopes {scope_text!r} "
+                f"must be {' or '.join(SCOPES)}, joined by '+'"
+            )
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest.lower()):
+            raise InputError(
+                f"BONSAI_API_TOKENS entry {index} ({name}): the third field must be the token's "
+                "sha256 in hex, never the token itself"
+            )
+        tokens.append(ApiToken(name, scopes, digest.lower()))
+    return tokens
+
+
+def _lookup(tokens: list[ApiToken], presented: str) -> ApiToken | None:
+    digest = hash_token(presented)
+    found = None
+    for token in tokens:
+        # Compare against every entry in constant time: no early exit that timing could reveal.
+        if hmac.compare_digest(token.sha256, digest):
+            found = token
+    return found
+
+
+def require_scope(scope: str) -> Callable[..., ApiToken]:
+    """A FastAPI dependency that returns the caller's token, or answers 401/403."""
+    if scope not in SCOPES:
+        raise ValueError(f"unknown scope {scope!r}")
+
+    def check(
+        request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    ) -> ApiToken:
+        if credentials is None or credentials.scheme.lower() != "bearer":
+            raise HTTPException(
+                status.HTTP_401_UNAUTHORIZED,
+                "a bearer token is required",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        token = _lookup(request.app.state.tokens, credentials.credentials)
+        if token is None:
+            raise HTTPException(
+                status.HTTP_401_UNAUTHORIZED,
+                "unknown token",
+                headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+            )
+        if not token.allows(scope):
+            raise HTTPException(status.HTTP_403_FORBIDDEN, f"token {token.name!r} lacks the {scope!r} scope")
+        return token
+
+    return check
+
+
+def redact_token_query(text: str) -> str:
+    """`text` with the value of any `token=` query parameter replaced by `***`."""
+    return _TOKEN_QUERY.sub(r"\1***", text)
+
+
+class TokenRedactingFilter(logging.Filter):
+    """Keeps a page link's `?token=` out of access logs (uvicorn logs the full request path)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact_token_query(a) if isinstance(a, str) else a for a in record.args)
+        return True

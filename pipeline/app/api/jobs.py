@@ -1,0 +1,132 @@
+"""Job routes: list and filter, detail, submit, retry from a stage, cancel.
+
+Each route validates the request, calls the same functions as the CLI (views,
+job_control, the runner) and returns their dicts: the API's JSON shapes are the CLI's
+`--json` shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from pydantic import BaseModel, Field, model_validator
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from pipeline.app import views
+from pipeline.app.api.auth import ApiToken, require_scope
+from pipeline.core.states import JobState, StageName
+from pipeline.db.models import Job
+from pipeline.db.session import session_scope
+from pipeline.orchestration.job_control import JobRequest, cancel_job, retry_job
+from pipeline.provenance.statements import redact
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/api/jobs", tags=["jobs"])
+
+Reader = Annotated[ApiToken, Depends(require_scope("read"))]
+Submitter = Annotated[ApiToken, Depends(require_scope("submit"))]
+
+
+class JobSubmission(BaseModel):
+    """One or more sources converted with one recipe; `options` are recipe knobs."""
+
+    source: str | None = Field(
+        default=None, description="A hub repo `org/name@revision`, a folder or a .gguf"
+    )
+    sources: list[str] = Field(default_factory=list, description="Several sources, one job each")
+    recipe: str = "tq2_0"
+    priority: int = Field(default=0, description="Higher runs sooner")
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> JobSubmission:
+        if not self.all_sources():
+            raise ValueError("give `source` or a non-empty `sources` list")
+        if redact(self.options) != self.options:
+            # Job options are stored in the database and shown to every reader.
+            raise ValueError(
+                "options must not carry secrets (token, password…); the Hugging Face token "
+                "belongs in BONSAI_HF_TOKEN on the workers"
+            )
+        return self
+
+    def all_sources(self) -> list[str]:
+        items = ([self.source] if self.source else []) + self.sources
+        return [s.strip() for s in items if s and s.strip()]
+
+
+class RetryRequest(BaseModel):
+    from_stage: StageName | None = Field(default=None, description="Default: the first stage not done")
+    force: bool = Field(default=False, description="Ignore cached results for the rerun stages")
+
+
+def _job_or_404(session: Session, job_id: int) -> Job:
+    job = session.get(Job, job_id)
+    if job is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} does not exist")
+    return job
+
+
+@router.get("", summary="List jobs, newest first")
+def list_jobs(
+    request: Request,
+    _token: Reader,
+    status_: Annotated[JobState | None, Query(alias="status")] = None,
+    recipe: str | None = None,
+    source: Annotated[str | None, Query(description="Substring of the source")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> list[dict[str, Any]]:
+    # One extra query for all the jobs' attempts, not one per job (the page polls this list).
+    query = (
+        select(Job).options(selectinload(Job.stage_runs)).order_by(Job.id.desc()).limit(limit).offset(offset)
+    )
+    if status_ is not None:
+        query = query.where(Job.status == status_.value)
+    if recipe:
+        query = query.where(Job.recipe == recipe)
+    if source:
+        query = query.where(Job.source.contains(source, autoescape=True))
+    with session_scope(request.app.state.rt.sessions) as session:
+        return [views.job_summary(job) for job in session.scalars(query)]
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, summary="Submit jobs")
+def submit(request: Request, token: Submitter, body: JobSubmission) -> dict[str, list[int]]:
+    from pipeline.ternary.policy import get_recipe
+
+    get_recipe(body.recipe, body.options)  # unknown recipe or bad knob: 400 before anything is recorded
+    requests = [JobRequest(s, body.recipe, body.priority, body.options) for s in body.all_sources()]
+    job_ids = request.app.state.runner.submit(requests, submitted_by=f"api:{token.name}")
+    return {"job_ids": job_ids}
+
+
+@router.get("/{job_id}", summary="One job: every attempt of every stage, artifacts, validation")
+def detail(request: Request, _token: Reader, job_id: int) -> dict[str, Any]:
+    with session_scope(request.app.state.rt.sessions) as session:
+        # No store: server paths stay private; artifacts download through /api/artifacts.
+        return views.job_detail(_job_or_404(session, job_id))
+
+
+@router.post("/{job_id}/retry", summary="New attempts for a stage and everything after it")
+def retry(
+    request: Request, _token: Submitter, job_id: int, body: RetryRequest | None = None
+) -> dict[str, Any]:
+    body = body or RetryRequest()
+    with session_scope(request.app.state.rt.sessions) as session:
+        _job_or_404(session, job_id)
+        run_ids = retry_job(session, job_id, body.from_stage, body.force)
+    request.app.state.runner.start(job_id)
+    return {"job_id": job_id, "run_ids": run_ids}
+
+
+@router.post("/{job_id}/cancel", summary="Stop a job; running tasks are revoked")
+def cancel(request: Request, _token: Submitter, job_id: int) -> dict[str, Any]:
+    with session_scope(request.app.state.rt.sessions) as session:
+        _job_or_404(session, job_id)
+        task_ids = cancel_job(session, job_id)
+    request.app.state.runner.revoke(task_ids)
+    return {"job_id": job_id, "status": JobState.CANCELLED.value, "revoked": len(task_ids)}

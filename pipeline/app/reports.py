@@ -1,0 +1,84 @@
+"""What `bonsai jobs` and `bonsai show` print: tables for people, stable JSON for scripts."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.app import views
+from pipeline.db import repo
+from pipeline.db.session import session_scope
+from pipeline.orchestration.execution import Runtime
+
+__all__ = ["print_jobs", "print_job", "watch_jobs"]
+
+
+def _dump(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def _job_rows(rt: Runtime, status: str | None) -> list[dict[str, Any]]:
+    with session_scope(rt.sessions) as session:
+        return [views.job_summary(job) for job in repo.list_jobs(session, status)]
+
+
+def _jobs_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table("id", "status", "progress", "stage", "recipe", "priority", "source")
+    for row in rows:
+        done = int(row["progress"] * 20)
+        bar = "█" * done + "·" * (20 - done)
+        table.add_row(str(row["id"]), row["status"], f"{bar} {row['progress']:.0%}",
+                      row["current_stage"] or "-", row["recipe"], str(row["priority"]), row["source"])
+    return table
+
+
+def print_jobs(rt: Runtime, status: str | None, as_json: bool) -> None:
+    rows = _job_rows(rt, status)
+    if as_json:
+        _dump(rows)
+        return
+    Console().print(_jobs_table(rows))
+
+
+def watch_jobs(rt: Runtime, status: str | None, every_s: float | None) -> None:
+    """The jobs table once, or refreshed every `every_s` seconds until interrupted."""
+    if every_s is None:
+        Console().print(_jobs_table(_job_rows(rt, status)))
+        return
+    import time
+
+    from rich.live import Live
+
+    with Live(_jobs_table(_job_rows(rt, status)), refresh_per_second=4) as live:
+        try:
+            while True:
+                time.sleep(every_s)
+                live.update(_jobs_table(_job_rows(rt, status)))
+        except KeyboardInterrupt:
+            pass
+
+
+def print_job(rt: Runtime, job_id: int, as_json: bool) -> None:
+    with session_scope(rt.sessions) as session:
+        detail = views.job_detail(repo.get_job(session, job_id), rt.store)
+    if as_json:
+        _dump(detail)
+        return
+    console = Console()
+    console.print(f"job {detail['id']}  {detail['status']}  {detail['source']}  recipe {detail['recipe']}")
+    if detail["error_message"]:
+        console.print(f"[red]{detail['error_message']}[/red]", highlight=False)
+    table = Table("stage", "attempt", "status", "took", "device", "outputs")
+    for run in detail["stages"]:
+        took = f"{run['duration_s']:.2f}s" if run["duration_s"] is not None else "-"
+        outputs = ", ".join(f"{o['name']} {o['sha256'][:12]}" for o in run["outputs"][:3])
+        if len(run["outputs"]) > 3:
+            outputs += f" (+{len(run['outputs']) - 3} more)"
+        table.add_row(run["stage"], str(run["attempt"]), run["status"], took, run["device"] or "-", outputs)
+    console.print(table)
+    if detail["validation"]:
+        validation = detail["validation"]
+        console.print(f"validation: {validation.get('verdict')}  text={validation.get('text')!r}")

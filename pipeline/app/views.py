@@ -1,0 +1,103 @@
+"""Plain-dict views of jobs, runs and artifacts: the stable `--json` shapes (add, never rename)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pipeline.artifacts.store import ArtifactStore
+from pipeline.core.states import StageName, StageState
+from pipeline.db.models import Job, StageRun
+from pipeline.orchestration import coordinator
+
+__all__ = ["job_summary", "job_detail", "run_view"]
+
+
+def _time(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _latest(job: Job) -> dict[StageName, StageRun]:
+    latest: dict[StageName, StageRun] = {}
+    for run in sorted(job.stage_runs, key=lambda r: r.attempt):
+        if not run.shard:  # shard children belong to their parent's attempt
+            latest[StageName(run.stage)] = run
+    return latest
+
+
+def job_summary(job: Job) -> dict[str, Any]:
+    latest = _latest(job)
+    states = {stage: StageState(run.status) for stage, run in latest.items()}
+    current = coordinator.next_step(states)
+    return {
+        "id": job.id,
+        "source": job.source,
+        "resolved_revision": job.resolved_revision,
+        "recipe": job.recipe,
+        "params": job.params,
+        "status": job.status,
+        "priority": job.priority,
+        "submitted_by": job.submitted_by,
+        "progress": round(coordinator.progress(states), 3),
+        "current_stage": current.stage.value if current.stage else None,
+        "error_message": job.error_message,
+        "created_at": _time(job.created_at),
+        "started_at": _time(job.started_at),
+        "finished_at": _time(job.finished_at),
+    }
+
+
+def run_view(run: StageRun, store: ArtifactStore | None = None) -> dict[str, Any]:
+    def artifact(link: Any) -> dict[str, Any]:
+        item = link.artifact
+        view = {
+            "name": link.name,
+            "sha256": item.sha256,
+            "size_bytes": item.size_bytes,
+            "kind": item.kind,
+            "media_type": item.media_type,
+            "uri": item.uri,
+        }
+        if store is not None and store.has(item.sha256):
+            view["path"] = str(store.path(item.sha256))
+        return view
+
+    return {
+        "id": run.id,
+        "stage": run.stage,
+        "attempt": run.attempt,
+        "shard": run.shard or None,
+        "parent_run_id": run.parent_run_id,
+        "status": run.status,
+        "worker_host": run.worker_host,
+        "device": run.device,
+        "cache_key": run.cache_key,
+        "cached_from_id": run.cached_from_id,
+        "error_kind": run.error_kind,
+        "error_message": run.error_message,
+        "metrics": run.metrics,
+        "warnings": run.warnings,
+        "queued_at": _time(run.queued_at),
+        "started_at": _time(run.started_at),
+        "finished_at": _time(run.finished_at),
+        "duration_s": run.duration_s,
+        "inputs": [artifact(link) for link in run.links if link.direction == "in"],
+        "outputs": [artifact(link) for link in run.links if link.direction == "out"],
+    }
+
+
+def job_detail(job: Job, store: ArtifactStore | None = None) -> dict[str, Any]:
+    """A job with every attempt of every stage, their artifacts, and the validation result."""
+    detail = job_summary(job)
+    runs = sorted(job.stage_runs, key=lambda r: (list(StageName).index(StageName(r.stage)), r.id))
+    detail["stages"] = [run_view(run, store) for run in runs]
+    latest = _latest(job)
+    validate = latest.get(StageName.VALIDATE)
+    detail["validation"] = validate.metrics if validate is not None else None
+    package = latest.get(StageName.PACKAGE)
+    gguf = None
+    if package is not None:
+        outputs = run_view(package, store)["outputs"]
+        gguf = next((out for out in outputs if out["kind"] == "gguf"), None)
+    detail["gguf"] = gguf
+    return detail

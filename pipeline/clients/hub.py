@@ -1,0 +1,238 @@
+"""A small, injectable client for the Hugging Face hub.
+
+The download stage talks to the hub only through the `HubClient` protocol, so tests pass a
+fake or a real `HfHubClient` pointed at a hand-built cache, and nothing in the stage knows
+about huggingface_hub's exception zoo: `HfHubClient` turns every hub failure into one of our
+own errors (`InputError` for a repo or revision that does not exist, `TransientError` for a
+hub that could not be reached or answered 5xx).
+
+Usage::
+
+    hub = HfHubClient(cache_dir="/data/hf-cache")
+    sha = hub.resolve_revision("org/name", "main")        # 40-char commit sha
+    files = hub.list_files_with_sha256("org/name", sha)   # [HubFile(name, size_bytes, sha256)]
+    folder = hub.download_snapshot("org/name", sha)       # local snapshot folder
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from pipeline.core.errors import InputError, TransientError
+
+__all__ = ["HubClient", "HubFile", "HfHubClient", "is_commit_sha"]
+
+_COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
+
+
+def is_commit_sha(revision: str) -> bool:
+    """True for a full 40-character lowercase hex commit sha (the only pin that cannot move)."""
+    return bool(_COMMIT_SHA.fullmatch(revision))
+
+
+@dataclass(frozen=True)
+class HubFile:
+    """What the hub says about one file of a commit.
+
+    `sha256` is the content sha256 the hub publishes for LFS files; None for small files
+    stored in git, whose only id is a git blob sha1 (not a content hash we can check).
+    """
+
+    name: str
+    size_bytes: int | None
+    sha256: str | None = None
+
+
+class HubClient(Protocol):
+    """The three hub operations the download stage needs."""
+
+    def resolve_revision(self, repo_id: str, revision: str | None) -> str:
+        """The full commit sha that `revision` (branch, tag, sha; None = default branch) points to."""
+        ...
+
+    def list_files_with_sha256(self, repo_id: str, commit_sha: str) -> list[HubFile]:
+        """Every file of the commit with its size and, where the hub knows it, content sha256.
+
+        May return an empty list when the listing cannot be had (offline, old cache).
+        """
+        ...
+
+    def download_snapshot(self, repo_id: str, commit_sha: str) -> Path:
+        """A local folder holding every file of the commit (it may contain symlinks into a cache)."""
+        ...
+
+
+class HfHubClient:
+    """`HubClient` backed by huggingface_hub (its cache, its offline mode, its token handling).
+
+    `is_offline=None` follows huggingface_hub's own HF_HUB_OFFLINE setting at call time;
+    True serves everything from `cache_dir` and never opens a connection.
+    """
+
+    def __init__(
+        self,
+        *,
+        cache_dir: str | Path | None = None,
+        token: str | bool | None = None,
+        is_offline: bool | None = None,
+    ) -> None:
+        self._cache_dir = str(cache_dir) if cache_dir is not None else None
+        self._token = token
+        self._is_offline = is_offline
+
+    def _offline(self) -> bool:
+        if self._is_offline is not None:
+            return self._is_offline
+        from huggingface_hub import constants
+
+        return bool(constants.HF_HUB_OFFLINE)
+
+    def resolve_revision(self, repo_id: str, revision: str | None) -> str:
+        """See `HubClient.resolve_revision`; raises InputError or TransientError."""
+        from huggingface_hub import HfApi
+
+        with self._translate(repo_id, revision):
+            resolved = HfApi(token=self._token).resolve_revision(
+                repo_id,
+                revision=revision,
+                cache_dir=self._cache_dir,
+                local_files_only=self._offline(),
+                token=self._token,
+            )
+        sha = str(resolved.resolved).strip()
+        if not is_commit_sha(sha):
+            raise InputError(
+                f"hub repo {repo_id!r}: revision {revision or 'main'!r} resolved to {sha!r}, "
+                "which is not a 40-character commit sha; refusing to pin to it"
+            )
+        return sha
+
+    def list_files_with_sha256(self, repo_id: str, commit_sha: str) -> list[HubFile]:
+        """See `HubClient.list_files_with_sha256`.
+
+        Online this asks the hub's tree listing (it carries the LFS sha256). Offline it reads the
+        listing huggingface_hub cached when it downloaded the snapshot, when there is one.
+        """
+        if self._offline():
+            return self._cached_listing(repo_id, commit_sha)
+        from huggingface_hub import HfApi
+        from huggingface_hub.hf_api import RepoFile
+
+        with self._translate(repo_id, commit_sha):
+            entries = HfApi(token=self._token).list_repo_tree(
+                repo_id, recursive=True, revision=commit_sha, token=self._token
+            )
+            files = [
+                HubFile(
+                    name=entry.path,
+                    size_bytes=entry.size,
+                    sha256=entry.lfs.sha256 if entry.lfs is not None else None,
+                )
+                for entry in entries
+                if isinstance(entry, RepoFile)
+            ]
+        return sorted(files, key=lambda item: item.name)
+
+    def download_snapshot(self, repo_id: str, commit_sha: str) -> Path:
+        """See `HubClient.download_snapshot`; raises InputError or TransientError."""
+        from huggingface_hub import snapshot_download
+
+        with self._translate(repo_id, commit_sha):
+            folder = snapshot_download(
+                repo_id,
+                revision=commit_sha,
+                cache_dir=self._cache_dir,
+                token=self._token,
+                local_files_only=self._offline(),
+                library_name="bonsai-pipeline",
+            )
+        return Path(folder)
+
+    def _cached_listing(self, repo_id: str, commit_sha: str) -> list[HubFile]:
+        # huggingface_hub >= 2.x keeps the hub's tree listing (with LFS sha256) next to the
+        # snapshot; its public reader drops the sha256, so read the documented JSON file.
+        from huggingface_hub import constants
+        from huggingface_hub.file_download import repo_folder_name
+
+        cache_dir = Path(self._cache_dir or constants.HF_HUB_CACHE).expanduser()
+        tree_path = cache_dir / repo_folder_name(repo_id=repo_id, repo_type="model") / "trees"
+        tree_path = tree_path / f"{commit_sha}.json"
+        try:
+            data = json.loads(tree_path.read_text(encoding="utf-8"))
+            entries: dict[str, dict[str, Any]] = data["files"]
+            return sorted(
+                (
+                    HubFile(
+                        name=name,
+                        size_bytes=int(info["size"]),
+                        sha256=info.get("lfs_sha256"),
+                    )
+                    for name, info in entries.items()
+                ),
+                key=lambda item: item.name,
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return []
+
+    @contextlib.contextmanager
+    def _translate(self, repo_id: str, revision: str | None) -> Iterator[None]:
+        """Turn huggingface_hub and network exceptions into InputError / TransientError."""
+        from huggingface_hub import errors as hf_errors
+
+        where = f"hub repo {repo_id!r} at revision {revision or 'main'!r}"
+        try:
+            yield
+        except hf_errors.RevisionNotFoundError as exc:
+            raise InputError(
+                f"{where}: the revision does not exist; give a branch, tag or commit sha that does"
+            ) from exc
+        except hf_errors.GatedRepoError as exc:
+            raise InputError(
+                f"{where}: the repo is gated; accept its terms on the hub and provide a token (HF_TOKEN)"
+            ) from exc
+        except hf_errors.RepositoryNotFoundError as exc:
+            raise InputError(
+                f"{where}: no such repo on the hub (or it is private and no valid token was given)"
+            ) from exc
+        except hf_errors.HFValidationError as exc:
+            raise InputError(f"{where}: not a valid hub repo id or revision ({exc})") from exc
+        except hf_errors.HfHubHTTPError as exc:
+            status = exc.response.status_code if exc.response is not None else 0
+            if status >= 500 or status in (408, 429):
+                raise TransientError(f"{where}: the hub answered HTTP {status}; retry later") from exc
+            raise InputError(f"{where}: the hub refused the request with HTTP {status}: {exc}") from exc
+        except (
+            hf_errors.LocalEntryNotFoundError,
+            hf_errors.RevisionResolutionError,
+            hf_errors.OfflineModeIsEnabled,
+        ) as exc:
+            if self._offline():
+                # Offline, the cache is all there is: retrying cannot help.
+                raise InputError(
+                    f"{where}: not found in the local hub cache ({self._cache_dir or 'HF_HUB_CACHE'}) "
+                    "and offline mode is on; populate the cache or allow network access"
+                ) from exc
+            raise TransientError(f"{where}: the hub could not be reached ({exc})") from exc
+        except (ConnectionError, TimeoutError) as exc:
+            raise TransientError(f"{where}: network failure talking to the hub ({exc})") from exc
+        except Exception as exc:
+            if _is_transport_error(exc):
+                raise TransientError(f"{where}: network failure talking to the hub ({exc})") from exc
+            raise
+
+
+def _is_transport_error(exc: BaseException) -> bool:
+    """True for the HTTP client's connection and timeout errors (httpx2 in huggingface_hub 2.x)."""
+    for module_name in ("httpx2", "httpx", "requests"):
+        with contextlib.suppress(ImportError):
+            module = __import__(module_name)
+            transport = getattr(module, "TransportError", None) or getattr(module, "ConnectionError", None)
+            if transport is not None and isinstance(exc, transport):
+                return True
+    return False

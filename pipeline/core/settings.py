@@ -1,0 +1,98 @@
+"""Every setting in one frozen object, read from `BONSAI_*` variables at the edge.
+
+Only entry points (cli.py, api.py, workers/celery_app.py) call `Settings.from_env()`;
+everything else receives a Settings instance. With nothing set, the embedded default
+applies: a SQLite file and an artifact store under `BONSAI_HOME` (default
+``./.bonsai``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from pipeline.core.errors import InputError
+
+__all__ = ["Settings"]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BONSAI_", frozen=True, extra="ignore")
+
+    # Data folder of the embedded mode: SQLite file, artifact store, work folders.
+    home: Path = Field(default=Path(".bonsai"))
+    # SQLAlchemy URL; empty means SQLite at <home>/bonsai.db.
+    database_url: str = ""
+    # Celery broker; empty means stages run in-process (embedded mode).
+    broker_url: str = ""
+    # Root of the content-addressed artifact store; empty means <home>/artifacts.
+    artifact_root: Path | None = None
+    # Where stages get their scratch folders; empty means <home>/work.
+    work_root: Path | None = None
+    # Attempts of one stage before the job fails for good (worker lost, retryable errors).
+    max_attempts: int = 3
+    # Seconds between heartbeats of a running stage.
+    heartbeat_s: float = 10.0
+    # Seconds without a heartbeat after which a running stage counts as lost.
+    heartbeat_timeout_s: float = 120.0
+    # First retry delay for retryable failures; doubles with each attempt.
+    retry_base_s: float = 5.0
+    # A queued stage whose message the broker does not hold is re-sent after this many seconds.
+    requeue_after_s: float = 60.0
+    # Distributed mode: decompose a model of several shards on several workers at once.
+    fanout: bool = True
+    # Package holding the stage modules; only benchmarks change it (to no-op stages).
+    stage_package: str = "pipeline.stages"
+    # Hugging Face token, passed to the hub client only; never stored or logged.
+    hf_token: str | None = Field(default=None, repr=False)
+    # HTTP API bearer tokens, comma-separated "name:scopes:sha256hex" (scopes read, submit, joined by "+");
+    # only the tokens' sha256 hashes are configured. `bonsai api-token NAME` makes an entry.
+    api_tokens: str = Field(default="", repr=False)
+    # Ed25519 private key (PEM) that signs provenance statements; unset means statements stay unsigned.
+    signing_key: Path | None = None
+    # Ed25519 public key (PEM) that `bonsai audit` checks signatures with; unset means the signing key's.
+    signing_public_key: Path | None = None
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> Settings:
+        """Read `BONSAI_*` variables; explicit overrides (CLI options) win when not None."""
+        return cls(**{key: value for key, value in overrides.items() if value is not None})
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.home / 'bonsai.db').resolve()}"
+
+    @property
+    def resolved_artifact_root(self) -> Path:
+        return (self.artifact_root or self.home / "artifacts").resolve()
+
+    @property
+    def resolved_work_root(self) -> Path:
+        return (self.work_root or self.home / "work").resolve()
+
+    @property
+    def is_embedded(self) -> bool:
+        return not self.broker_url
+
+    def validate_all(self) -> Settings:
+        """Check values a process cannot run without; returns self for chaining."""
+        if self.max_attempts < 1:
+            raise InputError(f"BONSAI_MAX_ATTEMPTS must be at least 1, got {self.max_attempts}")
+        if self.heartbeat_timeout_s <= 2 * self.heartbeat_s:
+            raise InputError(
+                f"BONSAI_HEARTBEAT_TIMEOUT_S ({self.heartbeat_timeout_s}) must exceed twice "
+                f"BONSAI_HEARTBEAT_S ({self.heartbeat_s}), or live stages would be declared lost"
+            )
+        if self.heartbeat_timeout_s <= 0:
+            raise InputError(
+                f"BONSAI_HEARTBEAT_TIMEOUT_S must be positive, got {self.heartbeat_timeout_s}"
+            )
+        scheme = self.resolved_database_url.split(":", 1)[0]
+        if not scheme.startswith(("sqlite", "postgresql")):
+            raise InputError(
+                f"BONSAI_DATABASE_URL scheme {scheme!r} is not supported; use sqlite:/// or postgresql+psycopg://"
+            )
+        return self

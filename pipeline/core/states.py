@@ -1,0 +1,105 @@
+"""Job and stage-run states, and the table of moves between them.
+
+The database stores each enum's value. `require(old, new)` is called by the
+repository before every status write, so an illegal jump fails loudly instead of
+leaving a row in a state nothing expects.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pipeline.core.errors import IllegalTransition
+
+__all__ = [
+    "StageName",
+    "StageState",
+    "JobState",
+    "STAGE_ORDER",
+    "require",
+    "downstream_of",
+]
+
+
+class StageName(StrEnum):
+    DOWNLOAD = "download"
+    CHECKSUM = "checksum"
+    INSPECT = "inspect"
+    DECOMPOSE = "decompose"
+    PACKAGE = "package"
+    VALIDATE = "validate"
+
+
+STAGE_ORDER: tuple[StageName, ...] = tuple(StageName)
+
+
+class StageState(StrEnum):
+    PENDING = "pending"
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    SKIPPED_CACHED = "skipped-cached"
+
+    @property
+    def is_final(self) -> bool:
+        return self in _FINAL_STAGE_STATES
+
+
+_FINAL_STAGE_STATES = frozenset(
+    {StageState.SUCCEEDED, StageState.FAILED, StageState.CANCELLED, StageState.SKIPPED_CACHED}
+)
+
+
+class JobState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+_S = StageState
+_STAGE_MOVES: dict[StageState, frozenset[StageState]] = {
+    _S.PENDING: frozenset({_S.QUEUED, _S.RUNNING, _S.SKIPPED_CACHED, _S.CANCELLED, _S.FAILED}),
+    # queued -> queued is a re-dispatch of the same attempt by the reconciler.
+    _S.QUEUED: frozenset({_S.QUEUED, _S.RUNNING, _S.SKIPPED_CACHED, _S.CANCELLED, _S.FAILED}),
+    # running -> skipped-cached: the claimed attempt found an equal earlier result.
+    _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.CANCELLED, _S.SKIPPED_CACHED}),
+    _S.SUCCEEDED: frozenset(),
+    _S.FAILED: frozenset(),
+    _S.CANCELLED: frozenset(),
+    _S.SKIPPED_CACHED: frozenset(),
+}
+
+_J = JobState
+_JOB_MOVES: dict[JobState, frozenset[JobState]] = {
+    _J.PENDING: frozenset({_J.RUNNING, _J.CANCELLED, _J.FAILED}),
+    _J.RUNNING: frozenset({_J.SUCCEEDED, _J.FAILED, _J.CANCELLED}),
+    # A retry reopens a finished job; its earlier attempts stay recorded.
+    _J.SUCCEEDED: frozenset({_J.RUNNING}),
+    _J.FAILED: frozenset({_J.RUNNING}),
+    _J.CANCELLED: frozenset({_J.RUNNING}),
+}
+
+
+def require(old: StageState | JobState, new: StageState | JobState) -> None:
+    """Raise IllegalTransition unless `old -> new` is in the transition table."""
+    if isinstance(old, StageState) and isinstance(new, StageState):
+        allowed: frozenset[StageState] | frozenset[JobState] = _STAGE_MOVES[old]
+    elif isinstance(old, JobState) and isinstance(new, JobState):
+        allowed = _JOB_MOVES[old]
+    else:
+        raise IllegalTransition(f"cannot compare states of different kinds: {old!r} -> {new!r}")
+    if new not in allowed:
+        raise IllegalTransition(f"illegal status change {old.value} -> {new.value}")
+
+
+def downstream_of(stage: StageName) -> tuple[StageName, ...]:
+    """`stage` and every stage after it, in pipeline order."""
+    return STAGE_ORDER[STAGE_ORDER.index(stage):]

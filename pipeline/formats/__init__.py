@@ -1,0 +1,1 @@
+"""File formats, one parser each: safetensors, GGUF, tokenizers, HF checkpoints. Imports only `core`."""

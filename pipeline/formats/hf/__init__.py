@@ -1,0 +1,1 @@
+"""Hugging Face checkpoints: the architecture table and the HF -> GGUF tensor plan and stream."""

@@ -1,0 +1,276 @@
+"""Bounded-memory file I/O for tensors: read exactly one tensor's bytes, copy byte ranges between files.
+
+Memory-mapping a whole shard makes every page a tensor touches count in the process's memory
+until the map closes, so a 4 GB shard costs 4 GB of RSS by its end. Here each tensor is read
+with ``pread`` into a buffer that is reused for the next one, so memory stays at a few
+tensors whatever the model size (and fresh pages, which cost ~1 ms per MB to fault in on some
+virtual machines, are not needed again and again). Byte ranges are copied file to file with
+``os.copy_file_range`` (in the kernel, no user-space buffer).
+
+`read_safetensors_header` validates what the format leaves to the reader: header size,
+known dtypes, offsets inside the file and not overlapping, and byte counts that match
+``shape x dtype``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import struct
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.core.errors import IntegrityError
+from pipeline.formats.safetensors import DTYPE_SIZE_BYTES
+
+__all__ = [
+    "SafetensorsEntry",
+    "read_safetensors_header",
+    "pread_exact",
+    "pread_rows",
+    "copy_range",
+    "ReusableBuffers",
+    "SafetensorsReader",
+    "ITEM_BYTES",
+]
+
+_MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own cap
+_IOV_MAX = 1024  # Linux's limit on buffers per preadv call
+_COPY_CHUNK = 1 << 30
+
+# safetensors dtype -> bytes per element: the one table the header reader uses too.
+ITEM_BYTES = DTYPE_SIZE_BYTES
+
+
+@dataclass(frozen=True)
+class SafetensorsEntry:
+    """One tensor of a safetensors file: dtype name, shape, absolute byte offset and length."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    n_bytes: int
+
+
+def read_safetensors_header(path: Path) -> tuple[dict[str, SafetensorsEntry], dict[str, str]]:
+    """Tensor entries (absolute offsets) and ``__metadata__`` of a safetensors file, validated.
+
+    Raises IntegrityError naming the file and the first problem found.
+    """
+    size = os.path.getsize(path)
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            raise IntegrityError(f"{path.name}: {size} bytes is too short for a safetensors header")
+        (n_header,) = struct.unpack("<Q", head)
+        if n_header > _MAX_HEADER_BYTES or 8 + n_header > size:
+            raise IntegrityError(
+                f"{path.name}: header length {n_header} does not fit the file ({size} bytes)"
+            )
+        raw = handle.read(n_header)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise IntegrityError(f"{path.name}: header is not JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise IntegrityError(f"{path.name}: header is {type(header).__name__}, expected an object")
+    meta = header.pop("__metadata__", None) or {}
+    data_start = 8 + n_header
+    entries = {name: _entry(path, name, info, data_start, size) for name, info in header.items()}
+    spans = sorted((e.offset, e.offset + e.n_bytes, name) for name, e in entries.items())
+    for (_, end, first), (begin, _, second) in zip(spans, spans[1:], strict=False):
+        if begin < end:
+            raise IntegrityError(f"{path.name}: tensors {first!r} and {second!r} overlap")
+    return entries, {str(k): str(v) for k, v in meta.items()}
+
+
+def _entry(path: Path, name: str, info: Any, data_start: int, size: int) -> SafetensorsEntry:
+    try:
+        dtype = str(info["dtype"])
+        shape = tuple(int(d) for d in info["shape"])
+        begin, end = (int(x) for x in info["data_offsets"])
+    except (TypeError, KeyError, ValueError) as exc:
+        raise IntegrityError(f"{path.name}: header entry of {name!r} is malformed: {info!r}") from exc
+    if dtype not in ITEM_BYTES:
+        raise IntegrityError(f"{path.name}: tensor {name!r} has unknown dtype {dtype!r}")
+    n_bytes = int(np.prod(shape, dtype=np.int64)) * ITEM_BYTES[dtype] if all(d >= 0 for d in shape) else -1
+    if not 0 <= begin <= end or end - begin != n_bytes or data_start + end > size:
+        raise IntegrityError(
+            f"{path.name}: tensor {name!r} ({dtype} {list(shape)}) claims bytes [{begin}, {end}) of a "
+            f"{size - data_start}-byte data section; it needs {n_bytes}"
+        )
+    return SafetensorsEntry(dtype, shape, data_start + begin, n_bytes)
+
+
+def pread_exact(fd: int, buf: memoryview, offset: int) -> None:
+    """Fill ``buf`` from ``fd`` at ``offset``; IntegrityError if the file ends first."""
+    done = 0
+    while done < len(buf):
+        got = os.preadv(fd, [buf[done:]], offset + done)
+        if got <= 0:
+            raise IntegrityError(f"file ended {len(buf) - done} bytes early at offset {offset + done}")
+        done += got
+
+
+def pread_rows(fd: int, rows: Sequence[memoryview], offset: int) -> None:
+    """Read consecutive equal-sized rows of the file at ``offset`` into ``rows`` (a scatter read),
+    so a row permutation costs nothing beyond the read itself."""
+    row_bytes = len(rows[0]) if rows else 0
+    for start in range(0, len(rows), _IOV_MAX):
+        batch = list(rows[start : start + _IOV_MAX])
+        pos = offset + start * row_bytes
+        want = row_bytes * len(batch)
+        got = os.preadv(fd, batch, pos)
+        if got != want:  # short read: finish row by row
+            for i, row in enumerate(batch):
+                pread_exact(fd, row, pos + i * row_bytes)
+
+
+def copy_range(src_fd: int, src_offset: int, dst_fd: int, n_bytes: int) -> None:
+    """Append ``n_bytes`` of ``src_fd`` from ``src_offset`` at ``dst_fd``'s current position."""
+    done = 0
+    while done < n_bytes:
+        try:
+            got = os.copy_file_range(src_fd, dst_fd, min(n_bytes - done, _COPY_CHUNK), src_offset + done)
+        except OSError:  # e.g. across filesystems on old kernels: plain reads and writes
+            got = 0
+        if got <= 0:
+            _copy_by_reads(src_fd, src_offset + done, dst_fd, n_bytes - done)
+            return
+        done += got
+
+
+def _copy_by_reads(src_fd: int, src_offset: int, dst_fd: int, n_bytes: int) -> None:
+    buf = bytearray(min(n_bytes, 16 << 20))
+    view = memoryview(buf)
+    done = 0
+    while done < n_bytes:
+        part = view[: min(len(buf), n_bytes - done)]
+        pread_exact(src_fd, part, src_offset + done)
+        os.write(dst_fd, part)
+        done += len(part)
+
+
+class ReusableBuffers:
+    """A few numpy buffers handed out again once nothing references them any more.
+
+    `get` returns a buffer (1-D, ``dtype``, at least ``n`` items) that no array or tensor
+    outside this pool still uses: a buffer is reused only when its reference count shows
+    that every view of it (numpy slices, tensors made by ``torch.from_numpy``) is gone. A
+    caller that keeps everything it is given just gets fresh buffers.
+    """
+
+    def __init__(self, dtype: npt.DTypeLike, keep: int = 2) -> None:
+        self._dtype = np.dtype(dtype)
+        self._keep = keep
+        self._buffers: list[npt.NDArray[Any]] = []
+
+    def get(self, n: int) -> npt.NDArray[Any]:
+        for i in range(len(self._buffers)):
+            # 2 = the list's reference + getrefcount's argument: no view of it is alive.
+            if sys.getrefcount(self._buffers[i]) <= 2:
+                if self._buffers[i].size < n:
+                    self._buffers[i] = np.empty(n, self._dtype)
+                return self._buffers[i][:n]
+        buf = np.empty(n, self._dtype)
+        if len(self._buffers) < self._keep:
+            self._buffers.append(buf)
+        return buf[:n]
+
+
+class SafetensorsReader:
+    """Reads one safetensors file tensor by tensor into reused buffers; use as a context manager.
+
+    `tensor` returns a torch tensor backed by a `ReusableBuffers` buffer: it stays valid for as
+    long as the caller keeps it (or any view of it), and its memory is reused only after that.
+    """
+
+    STORED_FLOATS = ("BF16", "F16", "F32")  # dtypes `tensor` can hand out as stored
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.entries, self.metadata = read_safetensors_header(self.path)
+        self._fd = -1
+        self._scratch = ReusableBuffers(np.uint8, keep=1)  # stored bytes before a conversion
+        self._stored = ReusableBuffers(np.uint8, keep=2)  # stored bytes handed out as they are
+        self._values = ReusableBuffers(np.float32, keep=2)  # float32 conversions handed out
+
+    def __enter__(self) -> SafetensorsReader:
+        self._fd = os.open(self.path, os.O_RDONLY)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self._fd)
+        self._fd = -1
+
+    def tensor(self, name: str, row_order: Any = None, as_stored: bool = False) -> Any:
+        """Tensor ``name`` as float32 (torch), or in its stored dtype when ``as_stored`` and that is
+        BF16, F16 or F32 (no conversion pass, half the memory for 16-bit weights); rows
+        reordered so that row i is stored row ``row_order[i]`` when a permutation is given."""
+        import torch
+
+        entry = self.entries[name]
+        n = int(np.prod(entry.shape, dtype=np.int64))
+        dtype = _torch_dtype(entry.dtype)
+        keep = entry.dtype == "F32" or (as_stored and entry.dtype in self.STORED_FLOATS)
+        raw = (self._stored if keep else self._scratch).get(entry.n_bytes)
+        if n and row_order is None:
+            pread_exact(self._fd, raw.data, entry.offset)
+        elif n:
+            self._read_permuted(entry, raw, np.asarray(row_order, dtype=np.int64))
+        stored = (
+            torch.frombuffer(raw, dtype=dtype).view(entry.shape)
+            if n
+            else torch.empty(entry.shape, dtype=dtype)
+        )
+        if keep:
+            return stored
+        values = torch.from_numpy(self._values.get(n)).view(entry.shape)
+        return values.copy_(stored)
+
+    def float32(self, name: str, row_order: Any = None) -> Any:
+        """`tensor` as float32."""
+        return self.tensor(name, row_order)
+
+    def _read_permuted(self, entry: SafetensorsEntry, raw: npt.NDArray[np.uint8], order: Any) -> None:
+        rows = entry.shape[0]
+        if sorted(order.tolist()) != list(range(rows)):
+            raise ValueError(f"row order for a {rows}-row tensor is not a permutation of its rows")
+        row_bytes = entry.n_bytes // rows
+        dest = np.empty(rows, dtype=np.int64)
+        dest[order] = np.arange(rows)  # stored row j goes to output row dest[j]
+        view = raw.data
+        pread_rows(self._fd, [view[d * row_bytes : (d + 1) * row_bytes] for d in dest.tolist()], entry.offset)
+
+
+@functools.cache
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    attr = {
+        "BOOL": "bool",
+        "U8": "uint8",
+        "I8": "int8",
+        "I16": "int16",
+        "U16": "uint16",
+        "F16": "float16",
+        "BF16": "bfloat16",
+        "I32": "int32",
+        "U32": "uint32",
+        "F32": "float32",
+        "I64": "int64",
+        "U64": "uint64",
+        "F64": "float64",
+        "F8_E4M3": "float8_e4m3fn",
+        "F8_E5M2": "float8_e5m2",
+    }[name]
+    if not hasattr(torch, attr):
+        raise IntegrityError(f"safetensors dtype {name!r} has no torch equivalent in this torch version")
+    return getattr(torch, attr)

@@ -1,0 +1,1 @@
+"""Tokenizers to GGUF vocabularies: byte-level BPE (tokenizer.json) and SentencePiece (tokenizer.model)."""

@@ -1,0 +1,343 @@
+"""HF `tokenizer.json` (byte-level BPE) -> the GGUF vocabulary fields llama.cpp reads.
+
+llama.cpp does not run the tokenizer.json pipeline; it re-implements a fixed set of
+pre-tokenizers and picks one by the name in ``tokenizer.ggml.pre``. So the name must
+describe *exactly* what the checkpoint's pre-tokenizer does. We recognise a
+pre-tokenizer by its structure (regex, byte-level flags, normaliser, ignore_merges)
+against `_PRE_TOKENIZERS` and refuse anything else with InputError, rather than
+write a vocabulary that would tokenize differently from the original.
+
+Example::
+
+    vocab = load_vocab(Path("tokenizer.json"), Path("tokenizer_config.json"), config)
+    metadata.update(vocab.metadata())
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gguf
+
+from pipeline.core.errors import InputError
+from pipeline.formats.gguf.keys import Tokenizer as TK
+
+__all__ = ["GGUFVocab", "load_vocab", "load_tokenizer", "detect_pre_tokenizer", "chat_template"]
+
+# GPT-2's split regex: what HF's ByteLevel(use_regex=True) applies.
+_GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+@dataclass(frozen=True)
+class _PreTokenizer:
+    """One llama.cpp pre-tokenizer and the tokenizer.json shape that behaves like it."""
+
+    gguf_name: str
+    split_regex: str | None  # None: ByteLevel(use_regex=True) does the GPT-2 split itself
+    normalizers: tuple[str | None, ...]
+    ignore_merges: bool  # llama.cpp hard-wires this per pre-tokenizer
+
+
+# Names are those llama.cpp's llama-vocab.cpp accepts for `tokenizer.ggml.pre`.
+_PRE_TOKENIZERS: tuple[_PreTokenizer, ...] = (
+    _PreTokenizer("gpt-2", None, (None,), False),
+    _PreTokenizer("llama-bpe", _LLAMA3_REGEX, (None,), True),
+    # Qwen2 checkpoints ship an NFC normaliser; llama.cpp skips it, which only matters
+    # for input that is not already NFC.
+    _PreTokenizer("qwen2", _QWEN2_REGEX, (None, "NFC"), False),
+)
+
+# Tokens that act as control tokens even when tokenizer.json forgets `special: true`
+# (the same heuristic llama.cpp's converter uses for `<|...|>` tokens).
+_CONTROL_LOOKALIKE = ("<|", "|>")
+
+
+@dataclass(frozen=True)
+class GGUFVocab:
+    """Vocabulary fields of a GGUF file; ids index `tokens`, `token_types` (and `scores`).
+
+    ``model`` is llama.cpp's tokenizer family: "gpt2" (byte-level BPE, with `merges`) or
+    "llama" (SentencePiece BPE, with `scores`; see `spm.load_spm_vocab`).
+    """
+
+    pre: str
+    tokens: tuple[str, ...]
+    token_types: tuple[int, ...]
+    merges: tuple[str, ...]
+    bos_id: int | None
+    eos_id: int | None
+    pad_id: int | None
+    add_bos: bool
+    add_eos: bool
+    chat_template: str | None = None
+    model: str = "gpt2"  # llama.cpp's name for byte-level BPE, whatever the model family
+    scores: tuple[float, ...] = ()
+    unk_id: int | None = None
+    add_space_prefix: bool | None = None  # None: llama.cpp's default for the tokenizer family
+    remove_extra_whitespaces: bool | None = None
+
+    def metadata(self) -> dict[str, Any]:
+        """Key -> value for the writer (ints are uint32, token types int32, as llama.cpp reads them)."""
+        meta: dict[str, Any] = {
+            TK.MODEL: self.model,
+            TK.PRE: self.pre,
+            TK.TOKENS: list(self.tokens),
+            TK.TOKEN_TYPE: list(self.token_types),
+            TK.ADD_BOS: self.add_bos,
+            TK.ADD_EOS: self.add_eos,
+        }
+        if self.merges:
+            meta[TK.MERGES] = list(self.merges)
+        if self.scores:
+            meta[TK.SCORES] = [float(x) for x in self.scores]
+        ids = (
+            (TK.BOS_ID, self.bos_id),
+            (TK.EOS_ID, self.eos_id),
+            (TK.PAD_ID, self.pad_id),
+            (TK.UNK_ID, self.unk_id),
+        )
+        for key, value in ids:
+            if value is not None:
+                meta[key] = value
+        for key, flag in (
+            (TK.ADD_SPACE_PREFIX, self.add_space_prefix),
+            (TK.REMOVE_EXTRA_WS, self.remove_extra_whitespaces),
+        ):
+            if flag is not None:
+                meta[key] = flag
+        if self.chat_template:
+            meta[TK.CHAT_TEMPLATE] = self.chat_template
+        return meta
+
+
+def chat_template(tok_config: Mapping[str, Any]) -> str | None:
+    """tokenizer_config.json's chat template: a string, or the entry named "default" of a list."""
+    template = tok_config.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+        template = named.get("default")
+    return template if isinstance(template, str) and template else None
+
+
+def _flatten(pre: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    if pre is None:
+        return []
+    if pre.get("type") == "Sequence":
+        return [item for sub in pre.get("pretokenizers", []) for item in _flatten(sub)]
+    return [pre]
+
+
+def _normalizer_name(normalizer: Mapping[str, Any] | None) -> str | None:
+    if normalizer is None:
+        return None
+    if normalizer.get("type") == "Sequence" and not normalizer.get("normalizers"):
+        return None
+    return str(normalizer.get("type"))
+
+
+def _shape_of(steps: list[Mapping[str, Any]]) -> tuple[str | None, bool] | None:
+    """(split regex or None, ok) for Split+ByteLevel or lone ByteLevel; None when neither."""
+    if len(steps) == 1 and steps[0].get("type") == "ByteLevel" and steps[0].get("use_regex", True):
+        return (None, not steps[0].get("add_prefix_space", False))
+    if (
+        len(steps) == 2
+        and steps[0].get("type") == "Split"
+        and steps[1].get("type") == "ByteLevel"
+        and not steps[1].get("use_regex", True)
+    ):
+        split = steps[0]
+        regex = (split.get("pattern") or {}).get("Regex")
+        is_plain = split.get("behavior") == "Isolated" and not split.get("invert", False)
+        return (regex, is_plain and not steps[1].get("add_prefix_space", False))
+    return None
+
+
+def detect_pre_tokenizer(tokenizer: Mapping[str, Any]) -> str:
+    """llama.cpp's pre-tokenizer name for a parsed tokenizer.json; InputError when none fits."""
+    steps = _flatten(tokenizer.get("pre_tokenizer"))
+    normalizer = _normalizer_name(tokenizer.get("normalizer"))
+    ignore_merges = bool((tokenizer.get("model") or {}).get("ignore_merges", False))
+    shape = _shape_of(steps)
+    if shape is not None and shape[1]:
+        regex = shape[0]
+        for candidate in _PRE_TOKENIZERS:
+            regex_fits = regex == candidate.split_regex or (
+                candidate.split_regex is None and regex == _GPT2_REGEX
+            )
+            if (
+                regex_fits
+                and normalizer in candidate.normalizers
+                and ignore_merges == candidate.ignore_merges
+            ):
+                return candidate.gguf_name
+    described = [s.get("type") for s in steps] or None
+    raise InputError(
+        f"tokenizer.json pre-tokenizer {described} (normalizer {normalizer!r}, ignore_merges "
+        f"{ignore_merges}) matches none of the llama.cpp pre-tokenizers Bonsai maps "
+        f"({', '.join(p.gguf_name for p in _PRE_TOKENIZERS)}); llama.cpp would tokenize this model "
+        "differently, so it is not packaged. Add a row to vocab._PRE_TOKENIZERS once the regex is checked."
+    )
+
+
+def _check_model(model: Mapping[str, Any]) -> None:
+    if model.get("type") != "BPE":
+        raise InputError(
+            f"tokenizer.json model type is {model.get('type')!r}; only byte-level BPE is packaged"
+        )
+    if model.get("byte_fallback"):
+        raise InputError(
+            "tokenizer.json is a BPE with byte_fallback (SentencePiece style, GGUF tokenizer model 'llama') "
+            "and the checkpoint has no tokenizer.model: its merge ranks do not give the piece scores "
+            "llama.cpp merges by; include the original SentencePiece tokenizer.model to package it"
+        )
+
+
+def _merges(model: Mapping[str, Any]) -> tuple[str, ...]:
+    out = []
+    for merge in model.get("merges") or []:
+        # tokenizers >= 0.20 writes pairs as lists; older files use "a b" strings.
+        out.append(" ".join(merge) if isinstance(merge, list) else str(merge))
+    return tuple(out)
+
+
+def _token_table(tokenizer: Mapping[str, Any], vocab_size: int | None) -> tuple[list[str], list[int]]:
+    model = tokenizer.get("model") or {}
+    by_id: dict[int, tuple[str, int]] = {
+        int(i): (tok, gguf.TokenType.NORMAL) for tok, i in model["vocab"].items()
+    }
+    for added in tokenizer.get("added_tokens") or []:
+        content = str(added["content"])
+        is_control = bool(added.get("special")) or (
+            content.startswith(_CONTROL_LOOKALIKE[0]) and content.endswith(_CONTROL_LOOKALIKE[1])
+        )
+        by_id[int(added["id"])] = (
+            content,
+            gguf.TokenType.CONTROL if is_control else gguf.TokenType.USER_DEFINED,
+        )
+    n_tokens = max(by_id) + 1
+    if vocab_size is not None and vocab_size < n_tokens:
+        raise InputError(
+            f"tokenizer.json has token id {n_tokens - 1} but config.json vocab_size is {vocab_size}"
+        )
+    size = vocab_size if vocab_size is not None else n_tokens
+    tokens: list[str] = []
+    types: list[int] = []
+    for i in range(size):
+        # Embedding rows past the tokenizer's ids exist in padded checkpoints; llama.cpp
+        # needs one entry per row, marked unused so it never emits them.
+        token, kind = by_id.get(i, (f"[PAD{i}]", gguf.TokenType.UNUSED))
+        tokens.append(token)
+        types.append(int(kind))
+    return tokens, types
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, Mapping):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _special_id(
+    name: str, tok_config: Mapping[str, Any], config: Mapping[str, Any], ids: Mapping[str, int]
+) -> int | None:
+    text = _token_text(tok_config.get(f"{name}_token"))
+    if text is not None:
+        if text not in ids:
+            raise InputError(
+                f"tokenizer_config.json {name}_token {text!r} is not in tokenizer.json's vocabulary"
+            )
+        return ids[text]
+    value = config.get(f"{name}_token_id")
+    if isinstance(value, list):  # Llama 3.1 lists several EOS ids; llama.cpp takes one
+        value = value[0] if value else None
+    return value if isinstance(value, int) else None
+
+
+def _template_adds(tokenizer: Mapping[str, Any], token: str | None, first: bool) -> bool:
+    post = tokenizer.get("post_processor") or {}
+    steps = post.get("processors", [post]) if post.get("type") == "Sequence" else [post]
+    for step in steps:
+        if step.get("type") == "TemplateProcessing" and step.get("single") and token is not None:
+            piece = step["single"][0 if first else -1]
+            return bool(piece.get("SpecialToken", {}).get("id") == token)
+    return False
+
+
+def load_vocab(
+    tokenizer_json: Path, tokenizer_config: Path | None = None, config: Mapping[str, Any] | None = None
+) -> GGUFVocab:
+    """Read tokenizer.json (+ tokenizer_config.json, config.json values) into GGUF vocab fields.
+
+    add_bos/add_eos come from tokenizer_config.json when it says, else from the
+    tokenizer's post-processor template. Raises InputError for a non byte-level-BPE
+    model, an unrecognised pre-tokenizer, or special tokens that are not in the vocabulary.
+    """
+    try:
+        tokenizer = json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))
+        tok_config = (
+            json.loads(Path(tokenizer_config).read_text(encoding="utf-8")) if tokenizer_config else {}
+        )
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(
+            f"cannot read tokenizer files ({tokenizer_json}, {tokenizer_config}): {exc}"
+        ) from exc
+    config = config or {}
+    model = tokenizer.get("model") or {}
+    _check_model(model)
+    pre = detect_pre_tokenizer(tokenizer)
+    vocab_size = config.get("vocab_size") if isinstance(config.get("vocab_size"), int) else None
+    tokens, types = _token_table(tokenizer, vocab_size)
+    ids = {tok: i for i, tok in enumerate(tokens)}
+    bos_id = _special_id("bos", tok_config, config, ids)
+    eos_id = _special_id("eos", tok_config, config, ids)
+    pad_id = _special_id("pad", tok_config, config, ids)
+    add_bos = tok_config.get("add_bos_token")
+    add_eos = tok_config.get("add_eos_token")
+    return GGUFVocab(
+        pre=pre,
+        tokens=tuple(tokens),
+        token_types=tuple(types),
+        merges=_merges(model),
+        bos_id=bos_id,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        add_bos=add_bos
+        if isinstance(add_bos, bool)
+        else _template_adds(tokenizer, tokens[bos_id] if bos_id is not None else None, first=True),
+        add_eos=add_eos
+        if isinstance(add_eos, bool)
+        else _template_adds(tokenizer, tokens[eos_id] if eos_id is not None else None, first=False),
+        chat_template=chat_template(tok_config),
+    )
+
+
+def load_tokenizer(files: Mapping[str, Path], config: Mapping[str, Any] | None = None) -> GGUFVocab:
+    """The GGUF vocabulary of a checkpoint from its tokenizer files (file name -> local path).
+
+    Like llama.cpp's converter, a SentencePiece ``tokenizer.model`` wins over ``tokenizer.json``
+    (Llama 2 / Mistral checkpoints ship both; the .json is derived from the .model).
+    ``tokenizer_config.json`` is read when present. InputError when neither file is there.
+    """
+    tok_config = files.get("tokenizer_config.json")
+    if "tokenizer.model" in files:
+        from pipeline.formats.tokenizer.spm import load_spm_vocab
+
+        return load_spm_vocab(files["tokenizer.model"], tok_config, config)
+    if "tokenizer.json" in files:
+        return load_vocab(files["tokenizer.json"], tok_config, config)
+    raise InputError(
+        f"no tokenizer.model or tokenizer.json among the checkpoint files ({', '.join(sorted(files))}); "
+        "a GGUF for llama.cpp needs the vocabulary"
+    )

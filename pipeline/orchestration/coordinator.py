@@ -1,0 +1,60 @@
+"""Pure decisions over a job's stage runs: what runs next, and what a retry re-opens.
+
+No I/O here: callers pass the newest attempt's status per stage and act on the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from pipeline.core.states import STAGE_ORDER, StageName, StageState, downstream_of
+
+__all__ = ["Action", "Decision", "next_step", "progress", "retry_stages"]
+
+_DONE = frozenset({StageState.SUCCEEDED, StageState.SKIPPED_CACHED})
+
+
+class Action(StrEnum):
+    RUN = "run"  # the stage has no attempt yet, or a pending one: start it
+    WAIT = "wait"  # an attempt is queued or running
+    STOPPED = "stopped"  # the newest attempt failed or was cancelled: the job stops here
+    DONE = "done"  # every stage succeeded
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    stage: StageName | None = None
+
+
+def next_step(latest: Mapping[StageName, StageState]) -> Decision:
+    """Walk the stages in order; the first one not done decides."""
+    for stage in STAGE_ORDER:
+        state = latest.get(stage)
+        if state is None or state is StageState.PENDING:
+            return Decision(Action.RUN, stage)
+        if state in (StageState.QUEUED, StageState.RUNNING):
+            return Decision(Action.WAIT, stage)
+        if state in (StageState.FAILED, StageState.CANCELLED):
+            return Decision(Action.STOPPED, stage)
+    return Decision(Action.DONE)
+
+
+def progress(latest: Mapping[StageName, StageState]) -> float:
+    """Fraction of stages done, in [0, 1]."""
+    done = sum(1 for stage in STAGE_ORDER if latest.get(stage) in _DONE)
+    return done / len(STAGE_ORDER)
+
+
+def retry_stages(
+    latest: Mapping[StageName, StageState], from_stage: StageName | None
+) -> tuple[StageName, ...]:
+    """Stages that get a new attempt on retry: `from_stage` (default: the first not done) and after."""
+    if from_stage is None:
+        decision = next_step(latest)
+        if decision.stage is None:
+            return ()
+        from_stage = decision.stage
+    return downstream_of(from_stage)

@@ -1,0 +1,171 @@
+"""Find work whose message or worker was lost and put it back on track.
+
+Run by `bonsai reconcile` (once, or every N seconds). Each pass:
+1. running attempts with a stale heartbeat are recorded as failed ("worker lost", retryable);
+   the job then gets its next attempt, or fails once the attempt limit is reached (a lost
+   shard child is retried by its parent's join instead); parents whose shard children all
+   finished without a join are joined;
+2. queued attempts the broker no longer holds (a restarted Redis, a send that failed) are
+   sent again under a new task id;
+3. jobs that are pending or running with nothing queued (a crash between recording a
+   result and sending the next stage) are advanced.
+Every step is idempotent, so passes may overlap with workers and with each other.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.orm import Session, aliased, sessionmaker
+
+from pipeline.core.settings import Settings
+from pipeline.core.states import JobState, StageName, StageState
+from pipeline.db import repo
+from pipeline.db.models import Job, StageRun, utcnow
+from pipeline.db.session import session_scope
+from pipeline.orchestration.distributed import dispatch
+from pipeline.orchestration.distributed.celery_app import QUEUES, app
+from pipeline.orchestration.execution import Runtime
+from pipeline.orchestration.progression import WORKER_LOST
+
+__all__ = ["ReconcileReport", "reconcile", "broker_task_ids"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReconcileReport:
+    lost_runs: list[int] = field(default_factory=list)
+    resent_runs: list[int] = field(default_factory=list)
+    advanced_jobs: list[int] = field(default_factory=list)
+    joined_runs: list[int] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, list[int]]:
+        return {"lost_runs": self.lost_runs, "resent_runs": self.resent_runs,
+                "advanced_jobs": self.advanced_jobs, "joined_runs": self.joined_runs}
+
+
+def broker_task_ids() -> set[str] | None:
+    """Task ids of every message Redis holds, waiting or delivered-unacked; None if unknown."""
+    try:
+        with app.connection_for_read() as connection:
+            client = connection.default_channel.client
+            names = [name for queue in QUEUES for name in [queue, *(f"{queue}:{p}" for p in range(1, 10))]]
+            ids: set[str] = set()
+            for name in names:
+                for raw in client.lrange(name, 0, -1):
+                    ids.add(json.loads(raw)["headers"]["id"])
+            for raw in client.hvals("unacked"):
+                ids.add(json.loads(raw)[0]["headers"]["id"])
+            return ids
+    except Exception:  # noqa: BLE001 - not Redis, or unreachable: fall back to age alone
+        log.warning("could not list the broker's messages; re-sending by age only", exc_info=True)
+        return None
+
+
+_ACTIVE = (StageState.PENDING.value, StageState.QUEUED.value, StageState.RUNNING.value)
+
+
+def _children(active: bool | None = None) -> Any:
+    """EXISTS over a run's shard children (all of them, or only active/finished ones)."""
+    child = aliased(StageRun)
+    query = select(child.id).where(child.parent_run_id == StageRun.id)
+    if active is True:
+        query = query.where(child.status.in_(_ACTIVE))
+    elif active is False:
+        query = query.where(child.status.not_in(_ACTIVE))
+    return query.exists()
+
+
+def _mark_lost(rt: Runtime, settings: Settings, report: ReconcileReport) -> None:
+    sessions = rt.sessions
+    cutoff = utcnow() - timedelta(seconds=settings.heartbeat_timeout_s)
+    with session_scope(sessions) as session:
+        stale = session.scalars(
+            select(StageRun)
+            # A parent waiting on its shards does not beat; its children do.
+            .where(StageRun.status == StageState.RUNNING.value, StageRun.heartbeat_at < cutoff,
+                   ~_children(active=True))
+            .with_for_update(skip_locked=True)
+        ).all()
+        for run in stale:
+            silent_s = (utcnow() - run.heartbeat_at).total_seconds() if run.heartbeat_at else None
+            repo.set_stage_state(
+                session, run, StageState.FAILED, error_kind="retryable",
+                error_message=f"{WORKER_LOST}: no heartbeat from {run.worker_host} for {silent_s:.0f}s",
+            )
+            report.lost_runs.append(run.id)
+            log.warning("job %s stage %s: attempt %s lost (worker %s)", run.job_id, run.stage, run.attempt,
+                        run.worker_host)
+        lost_children = sorted({(run.parent_run_id, run.job_id) for run in stale if run.parent_run_id})
+        lost_jobs = sorted({run.job_id for run in stale if not run.parent_run_id})
+    for parent_id, job_id in lost_children:
+        dispatch.join(rt, settings, parent_id, job_id)
+    for job_id in lost_jobs:
+        dispatch.advance(sessions, settings, job_id)
+
+
+def _join_finished_parents(rt: Runtime, settings: Settings, report: ReconcileReport) -> None:
+    """Parents whose shards all finished but whose join never ran (its worker died first)."""
+    with session_scope(rt.sessions) as session:
+        parents = session.execute(
+            select(StageRun.id, StageRun.job_id).where(
+                StageRun.status == StageState.RUNNING.value, _children(), ~_children(active=True)
+            )
+        ).all()
+    for parent_id, job_id in parents:
+        dispatch.join(rt, settings, parent_id, job_id)
+        report.joined_runs.append(parent_id)
+
+
+def _resend_orphans(sessions: sessionmaker[Session], settings: Settings, report: ReconcileReport) -> None:
+    cutoff = utcnow() - timedelta(seconds=settings.requeue_after_s)
+    with session_scope(sessions) as session:
+        queued = session.scalars(
+            select(StageRun).where(
+                or_(
+                    and_(StageRun.status == StageState.QUEUED.value, StageRun.queued_at < cutoff),
+                    # Shard children are sent right after they are recorded; a crash between leaves them.
+                    and_(StageRun.status == StageState.PENDING.value, StageRun.parent_run_id.is_not(None),
+                         StageRun.created_at < cutoff),
+                )
+            )
+        ).all()
+        candidates = [(run.id, run.task_id, StageName(run.stage), run.job.priority) for run in queued]
+    if not candidates:
+        return
+    live = broker_task_ids()
+    for run_id, task_id, _stage, _priority in candidates:
+        if live is not None and task_id in live:
+            continue
+        if dispatch.resend(sessions, run_id):
+            report.resent_runs.append(run_id)
+
+
+def _advance_idle_jobs(sessions: sessionmaker[Session], settings: Settings, report: ReconcileReport) -> None:
+    active = (StageState.QUEUED.value, StageState.RUNNING.value)
+    with session_scope(sessions) as session:
+        busy = select(StageRun.job_id).where(StageRun.status.in_(active))
+        idle = session.scalars(
+            select(Job.id).where(
+                Job.status.in_((JobState.PENDING.value, JobState.RUNNING.value)), Job.id.not_in(busy)
+            )
+        ).all()
+    for job_id in idle:
+        dispatch.advance(sessions, settings, job_id)
+        report.advanced_jobs.append(job_id)
+
+
+def reconcile(rt: Runtime, settings: Settings) -> ReconcileReport:
+    """One pass over the database; see the module docstring."""
+    report = ReconcileReport()
+    _mark_lost(rt, settings, report)
+    _join_finished_parents(rt, settings, report)
+    _resend_orphans(rt.sessions, settings, report)
+    _advance_idle_jobs(rt.sessions, settings, report)
+    return report

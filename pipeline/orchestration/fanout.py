@@ -1,0 +1,135 @@
+"""Fan a stage out by source shard across workers, and join the shards back into one attempt.
+
+A parent run (the stage attempt the coordinator sees) gets one child run per shard. Each
+child is an ordinary stage run with `shard` set: it is claimed, cached, retried and
+audited like any other. When the last child finishes, `join` merges their reports, links
+their part files to the parent, and the parent succeeds; the job then moves on as usual.
+Everything lives in the database, so a lost message or worker only delays the join: the
+reconciler retries lost children and joins parents whose children all finished.
+
+Used in distributed mode for decompose; embedded mode decomposes shards one after another.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from pipeline.core.states import StageName, StageState
+from pipeline.db import repo
+from pipeline.db.models import StageRun
+from pipeline.stages.base import InputFile, OutputFile, StageResult
+from pipeline.stages.decompose.merge import REPORT_NAME, merge_part_reports
+
+__all__ = ["FANOUT_STAGES", "JoinOutcome", "shards_to_fan_out", "spawn_children", "latest_children", "join"]
+
+# Stages whose Params take `shards`, and so can run one shard per worker.
+FANOUT_STAGES = frozenset({StageName.DECOMPOSE})
+_ACTIVE = (StageState.PENDING.value, StageState.QUEUED.value, StageState.RUNNING.value)
+
+
+@dataclass(frozen=True)
+class JoinOutcome:
+    """What a join decided: children to send again, and the parent's state when it became final."""
+
+    retry_run_ids: list[int] = field(default_factory=list)
+    parent_state: StageState | None = None
+
+
+def shards_to_fan_out(stage: StageName, inputs: Mapping[str, InputFile]) -> list[str]:
+    """The card's shards when `stage` can fan out over two or more of them, else []."""
+    card_file = inputs.get("inspect/model_card.json")
+    if stage not in FANOUT_STAGES or card_file is None:
+        return []
+    shards = json.loads(card_file.path.read_text(encoding="utf-8")).get("shards") or []
+    return [str(shard) for shard in shards] if len(shards) >= 2 else []
+
+
+def spawn_children(session: Session, parent: StageRun, shards: list[str]) -> list[int]:
+    """One pending child run per shard; returns their ids (the caller sends them)."""
+    children = [
+        repo.new_attempt(session, parent.job, StageName(parent.stage), shard=shard, parent=parent)
+        for shard in shards
+    ]
+    return [child.id for child in children]
+
+
+def latest_children(session: Session, parent: StageRun) -> list[StageRun]:
+    """The newest attempt of each shard of `parent`, in the order the shards were spawned."""
+    children = session.scalars(
+        select(StageRun).where(StageRun.parent_run_id == parent.id).order_by(StageRun.id)
+    ).all()
+    latest: dict[str, StageRun] = {}
+    for child in children:
+        latest[child.shard] = child
+    return list(latest.values())
+
+
+def join(session: Session, store: Any, parent_id: int, max_attempts: int,
+         record: Any) -> JoinOutcome:
+    """Decide on a parent whose children may all have finished.
+
+    `record(session, parent, inputs, result)` stores and records the merged outputs (the
+    shared execution path). Call it with the parent row locked by the caller's transaction.
+    """
+    parent = session.execute(
+        select(StageRun).where(StageRun.id == parent_id).with_for_update()
+    ).scalar_one()
+    if parent.status != StageState.RUNNING.value:
+        return JoinOutcome(parent_state=StageState(parent.status))
+    children = latest_children(session, parent)
+    if not children or any(child.status in _ACTIVE for child in children):
+        return JoinOutcome()
+    retry, fatal = [], None
+    for child in children:
+        if child.status in (StageState.SUCCEEDED.value, StageState.SKIPPED_CACHED.value):
+            continue
+        if child.error_kind == "retryable" and child.attempt < max_attempts:
+            retry.append(repo.new_attempt(session, parent.job, StageName(parent.stage), shard=child.shard,
+                                          parent=parent).id)
+        elif fatal is None:
+            fatal = child
+    if fatal is not None:
+        repo.set_stage_state(session, parent, StageState.FAILED, error_kind=fatal.error_kind,
+                             error_message=f"shard {fatal.shard}: {fatal.error_message}")
+        return JoinOutcome(parent_state=StageState.FAILED)
+    if retry:
+        return JoinOutcome(retry_run_ids=retry)
+    _merge_into(store, parent, children, record, session)
+    return JoinOutcome(parent_state=StageState.SUCCEEDED)
+
+
+def _merge_into(
+    store: Any, parent: StageRun, children: list[StageRun], record: Any, session: Session
+) -> None:
+    inputs: dict[str, InputFile] = {}
+    parts: list[OutputFile] = []
+    reports: list[Path] = []
+    for child in children:
+        for link in child.links:
+            if link.direction != "out":
+                continue
+            item = InputFile(link.name, store.path(link.artifact_sha256), link.artifact_sha256,
+                             link.artifact.size_bytes)
+            inputs[f"{parent.stage}[{child.shard}]/{link.name}"] = item
+            if link.name == REPORT_NAME:
+                reports.append(item.path)
+            elif link.artifact.kind == "ternary-part":
+                parts.append(OutputFile(link.name, item.path, link.artifact.kind, link.artifact.media_type,
+                                        sha256=link.artifact_sha256))
+    workdir = Path(tempfile.mkdtemp(prefix=f"join-run{parent.id}-"))
+    try:
+        merged = merge_part_reports(reports, [child.shard for child in children], workdir)
+        result = StageResult(outputs=(*parts, *merged.outputs), metrics=merged.metrics,
+                             warnings=merged.warnings)
+        record(session, parent, inputs, result)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

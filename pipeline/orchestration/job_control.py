@@ -1,0 +1,132 @@
+"""Database side of submit, retry and cancel; the broker side lives in orchestration.distributed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from sqlalchemy.orm import Session
+
+from pipeline.core.errors import InputError
+from pipeline.core.states import STAGE_ORDER, JobState, StageName, StageState
+from pipeline.db import repo
+from pipeline.orchestration import coordinator
+from pipeline.provenance.statements import redact
+
+__all__ = ["JobRequest", "read_manifest", "check_request", "create_jobs", "retry_job", "cancel_job"]
+
+_MANIFEST_KEYS = {"source", "recipe", "priority", "options"}
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    source: str
+    recipe: str = "tq2_0"
+    priority: int = 0
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def read_manifest(path: Path, default_recipe: str, default_priority: int) -> list[JobRequest]:
+    """Jobs from a YAML or JSON manifest: a list of sources, or of {source, recipe, priority, options}.
+
+    The list may also sit under a top-level `jobs:` key. Errors name the entry at fault.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"manifest {path} cannot be read: {exc.strerror}") from exc
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise InputError(f"manifest {path} is not valid {path.suffix.lstrip('.') or 'YAML'}: {exc}") from exc
+    if isinstance(data, dict):
+        data = data.get("jobs")
+    if not isinstance(data, list) or not data:
+        raise InputError(f"manifest {path}: expected a non-empty list of jobs (or a `jobs:` list)")
+    return [_manifest_entry(path, index, item, default_recipe, default_priority)
+            for index, item in enumerate(data, 1)]
+
+
+def _manifest_entry(path: Path, index: int, item: Any, recipe: str, priority: int) -> JobRequest:
+    if isinstance(item, str):
+        item = {"source": item}
+    if not isinstance(item, dict) or not isinstance(item.get("source"), str) or not item["source"].strip():
+        raise InputError(f"manifest {path}, entry {index}: needs a `source` string, got {item!r}")
+    unknown = set(item) - _MANIFEST_KEYS
+    if unknown:
+        raise InputError(f"manifest {path}, entry {index}: unknown keys {sorted(unknown)}; "
+                         f"allowed: {sorted(_MANIFEST_KEYS)}")
+    if not isinstance(item.get("priority", priority), int):
+        raise InputError(f"manifest {path}, entry {index}: priority must be an integer")
+    if not isinstance(item.get("options", {}), dict):
+        raise InputError(f"manifest {path}, entry {index}: options must be a mapping")
+    return JobRequest(item["source"].strip(), item.get("recipe", recipe), item.get("priority", priority),
+                      item.get("options", {}))
+
+
+def check_request(request: JobRequest) -> None:
+    """Refuse options that look like secrets: job options are stored and shown to every reader."""
+    if redact(request.options) != dict(request.options):
+        raise InputError(
+            f"job for {request.source}: options must not carry secrets (token, password…); "
+            "the Hugging Face token belongs in BONSAI_HF_TOKEN on the workers"
+        )
+
+
+def create_jobs(session: Session, requests: Sequence[JobRequest], submitted_by: str | None) -> list[int]:
+    """Record the jobs (checked first, so a bad one records none of them); returns their ids."""
+    for request in requests:
+        check_request(request)
+    return [
+        repo.create_job(session, r.source, r.recipe, r.options, r.priority, submitted_by).id for r in requests
+    ]
+
+
+def retry_job(session: Session, job_id: int, from_stage: StageName | None, force: bool) -> list[int]:
+    """New pending attempts for `from_stage` and every stage after it; earlier attempts stay.
+
+    Returns the new run ids. Refuses while the job has an attempt queued or running.
+    """
+    job = repo.get_job(session, job_id)
+    latest = repo.latest_runs(session, job_id)
+    active = [s.value for s, run in latest.items() if run.status in (StageState.QUEUED.value,
+                                                                       StageState.RUNNING.value)]
+    if active:
+        raise InputError(f"job {job_id} has {', '.join(active)} queued or running; cancel it or wait")
+    states = {stage: StageState(run.status) for stage, run in latest.items()}
+    stages = coordinator.retry_stages(states, from_stage)
+    if not stages:
+        raise InputError(f"job {job_id} has nothing to retry: every stage succeeded (use --from STAGE)")
+    first = stages[0]
+    upstream_missing = [s.value for s in STAGE_ORDER[: STAGE_ORDER.index(first)]
+                        if states.get(s) not in (StageState.SUCCEEDED, StageState.SKIPPED_CACHED)]
+    if upstream_missing:
+        raise InputError(f"job {job_id}: cannot retry from {first.value} before "
+                         f"{', '.join(upstream_missing)} succeeded; retry from {upstream_missing[0]}")
+    run_ids = []
+    for stage in stages:
+        run = repo.new_attempt(session, job, stage)
+        run.is_forced = force
+        run_ids.append(run.id)
+    if JobState(job.status) is not JobState.RUNNING:
+        repo.set_job_state(session, job, JobState.RUNNING)
+    return run_ids
+
+
+def cancel_job(session: Session, job_id: int) -> list[str]:
+    """Cancel the job and its unfinished attempts; returns task ids of attempts to revoke."""
+    job = repo.get_job(session, job_id)
+    if JobState(job.status).is_final:
+        raise InputError(f"job {job_id} is already {job.status}; nothing to cancel")
+    revoke = []
+    for run in job.stage_runs:
+        if not StageState(run.status).is_final:
+            if run.task_id:
+                revoke.append(run.task_id)
+            repo.set_stage_state(session, run, StageState.CANCELLED)
+    repo.set_job_state(session, job, JobState.CANCELLED, error_message="cancelled by user")
+    return revoke

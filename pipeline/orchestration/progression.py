@@ -1,0 +1,113 @@
+"""Move a job forward one step in the database: queue the next attempt, retry, or finish.
+
+Both modes call `advance_job`: the embedded loop runs the returned attempt itself, the
+distributed dispatcher sends it to a queue. Keeping "what runs next" here, in the
+database, rather than in Celery canvas primitives, means a lost message or a
+restarted broker loses nothing: the reconciler calls the same function again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from pipeline.core.states import JobState, StageName, StageState
+from pipeline.db import repo
+from pipeline.db.models import Job, StageRun
+from pipeline.orchestration import coordinator
+from pipeline.orchestration.coordinator import Action
+
+__all__ = ["StepKind", "Step", "advance_job", "retry_delay_s", "WORKER_LOST"]
+
+# error_message prefix of attempts whose worker died or vanished.
+WORKER_LOST = "worker lost"
+
+
+class StepKind(StrEnum):
+    RUN = "run"  # an attempt is ready: run it (embedded) or send it (distributed)
+    WAIT = "wait"  # an attempt is already queued or running
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: StepKind
+    run_id: int | None = None
+    stage: StageName | None = None
+    delay_s: float = 0.0
+
+
+def retry_delay_s(attempt: int, base_s: float, cap_s: float = 600.0) -> float:
+    """Exponential backoff before attempt `attempt + 1`: base, 2×base, 4×base… capped."""
+    return float(min(cap_s, base_s * 2 ** max(0, attempt - 1)))
+
+
+def _lock_job(session: Session, job_id: int) -> Job:
+    # Row lock on PostgreSQL: two finishing stages of one job never both queue the next.
+    job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
+    if job is None:
+        return repo.get_job(session, job_id)  # raises the clear "does not exist" error
+    return job
+
+
+def advance_job(
+    session: Session,
+    job_id: int,
+    *,
+    max_attempts: int,
+    retry_base_s: float,
+    task_id: str | None = None,
+) -> Step:
+    """Decide and record the job's next step. With `task_id`, the attempt is marked queued."""
+    job = _lock_job(session, job_id)
+    if JobState(job.status) is JobState.CANCELLED:
+        return Step(StepKind.CANCELLED)
+    latest = repo.latest_runs(session, job_id)
+    decision = coordinator.next_step({stage: StageState(run.status) for stage, run in latest.items()})
+    if decision.action is Action.DONE:
+        repo.set_job_state(session, job, JobState.SUCCEEDED)
+        return Step(StepKind.DONE)
+    stage = decision.stage
+    assert stage is not None
+    if decision.action is Action.WAIT:
+        return Step(StepKind.WAIT, latest[stage].id, stage)
+    if decision.action is Action.RUN:
+        pending = latest.get(stage)
+        run = pending if pending is not None else repo.new_attempt(session, job, stage)
+        return _ready(session, job, run, task_id, 0.0)
+    failed = latest[stage]
+    if failed.status == StageState.CANCELLED.value:
+        repo.set_job_state(session, job, JobState.CANCELLED)
+        return Step(StepKind.CANCELLED)
+    if failed.error_kind == "retryable" and failed.attempt < max_attempts:
+        run = repo.new_attempt(session, job, stage)
+        return _ready(session, job, run, task_id, retry_delay_s(failed.attempt, retry_base_s))
+    repo.set_job_state(session, job, JobState.FAILED, error_message=_failure_reason(session, job, failed))
+    return Step(StepKind.FAILED, failed.id, stage)
+
+
+def _ready(session: Session, job: Job, run: StageRun, task_id: str | None, delay_s: float) -> Step:
+    if JobState(job.status) is not JobState.RUNNING:
+        repo.set_job_state(session, job, JobState.RUNNING)
+    if task_id is not None:
+        repo.set_stage_state(session, run, StageState.QUEUED, task_id=task_id)
+    return Step(StepKind.RUN, run.id, StageName(run.stage), delay_s)
+
+
+def _failure_reason(session: Session, job: Job, failed: StageRun) -> str:
+    attempts = session.scalars(
+        select(StageRun).where(
+            StageRun.job_id == job.id, StageRun.stage == failed.stage, StageRun.shard == ""
+        )
+    ).all()
+    lost = sum(1 for run in attempts if (run.error_message or "").startswith(WORKER_LOST))
+    if failed.error_kind == "retryable" and lost == len(attempts):
+        return f"{failed.stage} failed: {WORKER_LOST} {lost} times (last: {failed.error_message})"
+    if failed.error_kind == "retryable":
+        return f"{failed.stage} failed after {len(attempts)} attempts: {failed.error_message}"
+    return f"{failed.stage} failed: {failed.error_message}"

@@ -1,0 +1,29 @@
+"""Stage 6, validate: run the GGUF next to its source in llama.cpp and judge the result."""
+
+from __future__ import annotations
+
+from pipeline.stages.validate.stage import (
+    DEFAULT_AGREEMENT_TEXT,
+    NAME,
+    VERSION,
+    Check,
+    Params,
+    ValidationFailed,
+    first_answer,
+    make_params,
+    repetition_of,
+    run,
+)
+
+__all__ = [
+    "NAME",
+    "VERSION",
+    "Params",
+    "Check",
+    "ValidationFailed",
+    "make_params",
+    "run",
+    "repetition_of",
+    "first_answer",
+    "DEFAULT_AGREEMENT_TEXT",
+]

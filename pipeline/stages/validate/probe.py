@@ -1,0 +1,193 @@
+"""Run one GGUF file in llama.cpp (llama-cpp-python) in a child process and collect what it does.
+
+A broken file can abort the process that loads it; running it in a child turns that into
+a failed check instead of a dead worker. The child loads the model once and, greedily
+(temperature 0, repeat penalty 1, so only the logits choose):
+
+- completes each raw prompt (``1+1=``) for up to ``max_tokens`` tokens;
+- answers ``chat_prompt`` through the model's own chat template (``tokenizer.chat_template``,
+  which llama-cpp-python's ``create_chat_completion`` applies) when the file has one;
+- evaluates ``text`` with logits for every position and saves them, float32
+  ``[n_tokens, n_vocab]``, as ``.npy`` at ``logits_path`` for the parent to compare.
+
+Example::
+
+    result, why = run_probe(ProbeRequest(path=gguf, prompts=("1+1=",), text="The sun rises."), workdir)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ProbeRequest", "run_probe", "main"]
+
+_STDERR_TAIL_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """What to run; see the module docstring. ``n_gpu_layers=0`` keeps everything on the CPU."""
+
+    path: str
+    prompts: tuple[str, ...] = ("1+1=",)
+    max_tokens: int = 16
+    chat_prompt: str | None = None
+    chat_max_tokens: int = 32
+    text: str | None = None
+    n_ctx: int = 256
+    n_threads: int = 2
+    n_gpu_layers: int = 0
+    seed: int = 0
+
+
+def _greedy(model: Any, prompt: str, max_tokens: int) -> dict[str, Any]:
+    prompt_ids = model.tokenize(prompt.encode("utf-8"), add_bos=True, special=False)
+    generated: list[int] = []
+    started = time.perf_counter()
+    model.reset()
+    for token in model.generate(prompt_ids, temp=0.0, top_k=1, repeat_penalty=1.0):
+        if token == model.token_eos():
+            break
+        generated.append(int(token))
+        if len(generated) >= max_tokens:
+            break
+    gen_s = time.perf_counter() - started
+    return {
+        "prompt": prompt,
+        "text": model.detokenize(generated).decode("utf-8", errors="replace"),
+        "tokens": generated,
+        "prompt_tokens": len(prompt_ids),
+        "gen_s": round(gen_s, 4),
+        "tokens_per_s": round(len(generated) / gen_s, 2) if gen_s > 0 and generated else None,
+    }
+
+
+def _chat(model: Any, prompt: str, max_tokens: int, seed: int) -> dict[str, Any]:
+    started = time.perf_counter()
+    reply = model.create_chat_completion(
+        messages=[{"role": "user", "content": prompt}],
+        temperature=0.0,
+        top_k=1,
+        top_p=1.0,
+        min_p=0.0,
+        repeat_penalty=1.0,
+        max_tokens=max_tokens,
+        seed=seed,
+    )
+    text = reply["choices"][0]["message"]["content"] or ""
+    return {
+        "prompt": prompt,
+        "text": text,
+        # Re-tokenized: the repetition detector works on ids, the API returns text.
+        "tokens": model.tokenize(text.encode("utf-8"), add_bos=False, special=False),
+        "finish_reason": reply["choices"][0].get("finish_reason"),
+        "gen_s": round(time.perf_counter() - started, 4),
+    }
+
+
+def _text_logits(model: Any, text: str, n_ctx: int, logits_path: str) -> dict[str, Any]:
+    import numpy as np
+
+    tokens = model.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+    is_truncated = len(tokens) > n_ctx
+    tokens = tokens[:n_ctx]
+    started = time.perf_counter()
+    model.reset()
+    model.eval(tokens)
+    np.save(logits_path, np.asarray(model.scores[: len(tokens)], dtype=np.float32))
+    return {"tokens": tokens, "is_truncated": is_truncated, "eval_s": round(time.perf_counter() - started, 4)}
+
+
+def _backend(llama_cpp: Any, n_gpu_layers: int) -> dict[str, Any]:
+    offload = bool(llama_cpp.llama_supports_gpu_offload())
+    return {
+        "llama_cpp_python": llama_cpp.__version__,
+        "supports_gpu_offload": offload,
+        "n_gpu_layers": n_gpu_layers,
+        "device": "gpu" if offload and n_gpu_layers != 0 else "cpu",
+        "system_info": llama_cpp.llama_print_system_info().decode("utf-8", errors="replace").strip(),
+    }
+
+
+def _probe(request: dict[str, Any], logits_path: str) -> dict[str, Any]:
+    """Load the model and run everything requested; the child process's whole job."""
+    import llama_cpp
+
+    started = time.perf_counter()
+    model = llama_cpp.Llama(
+        model_path=request["path"],
+        n_ctx=request["n_ctx"],
+        n_threads=request["n_threads"],
+        n_gpu_layers=request["n_gpu_layers"],
+        seed=request["seed"],
+        logits_all=request["text"] is not None,
+        verbose=False,
+    )
+    load_s = time.perf_counter() - started
+    has_template = bool(model.metadata.get("tokenizer.chat_template"))
+    result: dict[str, Any] = {
+        "load_s": round(load_s, 4),
+        "n_vocab": model.n_vocab(),
+        "has_chat_template": has_template,
+        "completions": [_greedy(model, p, request["max_tokens"]) for p in request["prompts"]],
+        "chat": None,
+        "text": None,
+        "backend": _backend(llama_cpp, request["n_gpu_layers"]),
+    }
+    if request["chat_prompt"] and has_template:
+        result["chat"] = _chat(model, request["chat_prompt"], request["chat_max_tokens"], request["seed"])
+    if request["text"]:
+        result["text"] = _text_logits(model, request["text"], request["n_ctx"], logits_path)
+    return result
+
+
+def main() -> None:
+    """Child entry point: request JSON on stdin; result JSON (and logits) written where it says."""
+    request = json.loads(sys.stdin.read())
+    result = _probe(request["request"], request["logits_path"])
+    Path(request["result_path"]).write_text(json.dumps(result), encoding="utf-8")
+
+
+def run_probe(
+    request: ProbeRequest, workdir: Path, timeout_s: float, label: str = "model"
+) -> tuple[dict[str, Any] | None, str]:
+    """(result, '') or (None, why it failed). The text's logits are left at ``result["logits_path"]``;
+    the caller deletes them. Nothing else stays in ``workdir``."""
+    result_path = workdir / f".probe-{label}.json"
+    logits_path = workdir / f".probe-{label}-logits.npy"
+    payload = {"request": asdict(request), "result_path": str(result_path), "logits_path": str(logits_path)}
+    # The child must import this same checkout even when it is not pip-installed.
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    code = "from pipeline.stages.validate.probe import main; main()"
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            input=json.dumps(payload),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        logits_path.unlink(missing_ok=True)
+        return None, f"llama.cpp did not load and run {label} within {timeout_s:g} s"
+    try:
+        if proc.returncode != 0 or not result_path.is_file():
+            tail = proc.stderr.strip()[-_STDERR_TAIL_CHARS:]
+            logits_path.unlink(missing_ok=True)
+            return None, f"llama.cpp could not load or run the {label} file (exit {proc.returncode}): {tail}"
+        result: dict[str, Any] = json.loads(result_path.read_text(encoding="utf-8"))
+    finally:
+        result_path.unlink(missing_ok=True)
+    if result.get("text") is not None:
+        result["logits_path"] = str(logits_path)
+    return result, ""
