@@ -127,7 +127,8 @@ def model_card(folder: Path) -> dict[str, Any]:
 
 
 def _stage_inputs(ckpt: Path, card_path: Path) -> dict[str, Any]:
-    from pipeline.stages.base import InputFile, sha256_file
+    from pipeline.core.files import sha256_file
+    from pipeline.stages.base import InputFile
 
     inputs = {f"download/{p.name}": InputFile(p.name, p, "", p.stat().st_size)
               for p in ckpt.iterdir() if p.is_file()}

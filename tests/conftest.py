@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
+from pipeline.core.files import sha256_file
 from pipeline.demo.checkpoint import write_demo_checkpoint
-from pipeline.stages.base import InputFile, sha256_file
+from pipeline.formats.model_card import ModelCard
+from pipeline.stages.base import InputFile
 
 
 @pytest.fixture(scope="session")
@@ -85,15 +87,15 @@ def make_parts(
     """Stand-in for decompose: every tensor of the card, block linears as `ternary`, split in parts."""
     from safetensors.numpy import save_file
 
-    from pipeline.formats.gguf.keys import PART_METADATA_TENSORS
     from pipeline.formats.hf.checkpoint import iter_tensors
+    from pipeline.formats.parts import FORMAT_KEY, PART_FORMAT, TENSORS_KEY
 
     dest.mkdir(parents=True, exist_ok=True)
     files = {shard: checkpoint / shard for shard in card["shards"]}
     encoded = [
         (name, *_encode(name, t.numpy(), ternary))
         for shard in card["shards"]
-        for name, t in iter_tensors(card, files, shard)
+        for name, t in iter_tensors(ModelCard.from_dict(card), files, shard)
     ]
     paths = []
     for i in range(n_parts):
@@ -106,7 +108,7 @@ def make_parts(
         save_file(
             {name: data for name, _, data in chunk},
             str(path),
-            metadata={PART_METADATA_TENSORS: json.dumps(meta, sort_keys=True)},
+            metadata={FORMAT_KEY: PART_FORMAT, TENSORS_KEY: json.dumps(meta, sort_keys=True)},
         )
         paths.append(path)
     return paths
@@ -115,7 +117,7 @@ def make_parts(
 def _planned_shape(card: dict[str, Any], gguf_name: str) -> tuple[int, ...]:
     from pipeline.formats.hf.checkpoint import tensor_plan
 
-    return next(p.shape for p in tensor_plan(card) if p.gguf_name == gguf_name)
+    return next(p.shape for p in tensor_plan(ModelCard.from_dict(card)) if p.gguf_name == gguf_name)
 
 
 def _input(key: str, path: Path) -> tuple[str, InputFile]:

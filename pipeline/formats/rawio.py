@@ -7,20 +7,15 @@ tensors whatever the model size (and fresh pages, which cost ~1 ms per MB to fau
 virtual machines, are not needed again and again). Byte ranges are copied file to file with
 ``os.copy_file_range`` (in the kernel, no user-space buffer).
 
-`read_safetensors_header` validates what the format leaves to the reader: header size,
-known dtypes, offsets inside the file and not overlapping, and byte counts that match
-``shape x dtype``.
+Headers are read and validated by the one safetensors header reader (`formats.safetensors`).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
-import struct
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +23,9 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline.core.errors import IntegrityError
-from pipeline.formats.safetensors import DTYPE_SIZE_BYTES
+from pipeline.formats.safetensors import DTYPE_SIZE_BYTES, TensorInfo, read_header
 
 __all__ = [
-    "SafetensorsEntry",
-    "read_safetensors_header",
     "pread_exact",
     "pread_rows",
     "copy_range",
@@ -41,72 +34,11 @@ __all__ = [
     "ITEM_BYTES",
 ]
 
-_MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own cap
 _IOV_MAX = 1024  # Linux's limit on buffers per preadv call
 _COPY_CHUNK = 1 << 30
 
 # safetensors dtype -> bytes per element: the one table the header reader uses too.
 ITEM_BYTES = DTYPE_SIZE_BYTES
-
-
-@dataclass(frozen=True)
-class SafetensorsEntry:
-    """One tensor of a safetensors file: dtype name, shape, absolute byte offset and length."""
-
-    dtype: str
-    shape: tuple[int, ...]
-    offset: int
-    n_bytes: int
-
-
-def read_safetensors_header(path: Path) -> tuple[dict[str, SafetensorsEntry], dict[str, str]]:
-    """Tensor entries (absolute offsets) and ``__metadata__`` of a safetensors file, validated.
-
-    Raises IntegrityError naming the file and the first problem found.
-    """
-    size = os.path.getsize(path)
-    with open(path, "rb") as handle:
-        head = handle.read(8)
-        if len(head) < 8:
-            raise IntegrityError(f"{path.name}: {size} bytes is too short for a safetensors header")
-        (n_header,) = struct.unpack("<Q", head)
-        if n_header > _MAX_HEADER_BYTES or 8 + n_header > size:
-            raise IntegrityError(
-                f"{path.name}: header length {n_header} does not fit the file ({size} bytes)"
-            )
-        raw = handle.read(n_header)
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise IntegrityError(f"{path.name}: header is not JSON: {exc}") from exc
-    if not isinstance(header, dict):
-        raise IntegrityError(f"{path.name}: header is {type(header).__name__}, expected an object")
-    meta = header.pop("__metadata__", None) or {}
-    data_start = 8 + n_header
-    entries = {name: _entry(path, name, info, data_start, size) for name, info in header.items()}
-    spans = sorted((e.offset, e.offset + e.n_bytes, name) for name, e in entries.items())
-    for (_, end, first), (begin, _, second) in zip(spans, spans[1:], strict=False):
-        if begin < end:
-            raise IntegrityError(f"{path.name}: tensors {first!r} and {second!r} overlap")
-    return entries, {str(k): str(v) for k, v in meta.items()}
-
-
-def _entry(path: Path, name: str, info: Any, data_start: int, size: int) -> SafetensorsEntry:
-    try:
-        dtype = str(info["dtype"])
-        shape = tuple(int(d) for d in info["shape"])
-        begin, end = (int(x) for x in info["data_offsets"])
-    except (TypeError, KeyError, ValueError) as exc:
-        raise IntegrityError(f"{path.name}: header entry of {name!r} is malformed: {info!r}") from exc
-    if dtype not in ITEM_BYTES:
-        raise IntegrityError(f"{path.name}: tensor {name!r} has unknown dtype {dtype!r}")
-    n_bytes = int(np.prod(shape, dtype=np.int64)) * ITEM_BYTES[dtype] if all(d >= 0 for d in shape) else -1
-    if not 0 <= begin <= end or end - begin != n_bytes or data_start + end > size:
-        raise IntegrityError(
-            f"{path.name}: tensor {name!r} ({dtype} {list(shape)}) claims bytes [{begin}, {end}) of a "
-            f"{size - data_start}-byte data section; it needs {n_bytes}"
-        )
-    return SafetensorsEntry(dtype, shape, data_start + begin, n_bytes)
 
 
 def pread_exact(fd: int, buf: memoryview, offset: int) -> None:
@@ -196,7 +128,9 @@ class SafetensorsReader:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.entries, self.metadata = read_safetensors_header(self.path)
+        header = read_header(self.path)
+        self.entries: dict[str, TensorInfo] = {t.name: t for t in header.tensors}
+        self.metadata = header.metadata
         self._fd = -1
         self._scratch = ReusableBuffers(np.uint8, keep=1)  # stored bytes before a conversion
         self._stored = ReusableBuffers(np.uint8, keep=2)  # stored bytes handed out as they are
@@ -220,9 +154,9 @@ class SafetensorsReader:
         n = int(np.prod(entry.shape, dtype=np.int64))
         dtype = _torch_dtype(entry.dtype)
         keep = entry.dtype == "F32" or (as_stored and entry.dtype in self.STORED_FLOATS)
-        raw = (self._stored if keep else self._scratch).get(entry.n_bytes)
+        raw = (self._stored if keep else self._scratch).get(entry.size_bytes)
         if n and row_order is None:
-            pread_exact(self._fd, raw.data, entry.offset)
+            pread_exact(self._fd, raw.data, entry.begin)
         elif n:
             self._read_permuted(entry, raw, np.asarray(row_order, dtype=np.int64))
         stored = (
@@ -239,15 +173,15 @@ class SafetensorsReader:
         """`tensor` as float32."""
         return self.tensor(name, row_order)
 
-    def _read_permuted(self, entry: SafetensorsEntry, raw: npt.NDArray[np.uint8], order: Any) -> None:
+    def _read_permuted(self, entry: TensorInfo, raw: npt.NDArray[np.uint8], order: Any) -> None:
         rows = entry.shape[0]
         if sorted(order.tolist()) != list(range(rows)):
             raise ValueError(f"row order for a {rows}-row tensor is not a permutation of its rows")
-        row_bytes = entry.n_bytes // rows
+        row_bytes = entry.size_bytes // rows
         dest = np.empty(rows, dtype=np.int64)
         dest[order] = np.arange(rows)  # stored row j goes to output row dest[j]
         view = raw.data
-        pread_rows(self._fd, [view[d * row_bytes : (d + 1) * row_bytes] for d in dest.tolist()], entry.offset)
+        pread_rows(self._fd, [view[d * row_bytes : (d + 1) * row_bytes] for d in dest.tolist()], entry.begin)
 
 
 @functools.cache

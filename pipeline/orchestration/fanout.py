@@ -12,7 +12,6 @@ Used in distributed mode for decompose; embedded mode decomposes shards one afte
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -26,6 +25,7 @@ from sqlalchemy.orm import Session
 from pipeline.core.states import StageName, StageState
 from pipeline.db import repo
 from pipeline.db.models import StageRun
+from pipeline.formats.model_card import ModelCard
 from pipeline.stages.base import InputFile, OutputFile, StageResult
 from pipeline.stages.decompose.merge import REPORT_NAME, merge_part_reports
 
@@ -49,7 +49,7 @@ def shards_to_fan_out(stage: StageName, inputs: Mapping[str, InputFile]) -> list
     card_file = inputs.get("inspect/model_card.json")
     if stage not in FANOUT_STAGES or card_file is None:
         return []
-    shards = json.loads(card_file.path.read_text(encoding="utf-8")).get("shards") or []
+    shards = ModelCard.load(card_file.path, "inspect/model_card.json").shards
     return [str(shard) for shard in shards] if len(shards) >= 2 else []
 
 

@@ -13,25 +13,19 @@ Input and output files carry a logical *name*: a relative POSIX path such as
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
-from typing import Any
-
-from pipeline.core.errors import InputError
+from pathlib import Path
+from typing import Any, Protocol
 
 __all__ = [
     "InputFile",
     "JobSpec",
     "OutputFile",
     "StageResult",
-    "sha256_file",
     "inputs_of",
-    "safe_relpath",
+    "Stage",
 ]
-
-_HASH_CHUNK_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -68,32 +62,10 @@ class StageResult:
     warnings: tuple[str, ...] = ()
 
 
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, streamed (never reads the whole file into memory)."""
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
-
-
 def inputs_of(inputs: Mapping[str, InputFile], stage: str) -> dict[str, InputFile]:
     """The inputs that came from one upstream stage, keyed by their own name."""
     prefix = f"{stage}/"
     return {key[len(prefix):]: item for key, item in inputs.items() if key.startswith(prefix)}
-
-
-def safe_relpath(name: str) -> PurePosixPath:
-    """Check that a repository file name stays inside its folder.
-
-    Raises InputError for absolute paths, `..` parts, backslashes or empty names:
-    hostile repositories use them to write outside the snapshot.
-    """
-    if not name or "\\" in name or "\x00" in name:
-        raise InputError(f"file name {name!r} is not a plain relative path; refusing it")
-    rel = PurePosixPath(name)
-    if rel.is_absolute() or any(part in ("..", ".", "") for part in rel.parts):
-        raise InputError(
-            f"file name {name!r} escapes the snapshot folder (absolute or '..'); refusing it"
-        )
-    return rel
 
 
 @dataclass(frozen=True)
@@ -107,3 +79,20 @@ class JobSpec:
     source: str
     recipe: str = "tq2_0"
     options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Stage(Protocol):
+    """What every stage module provides; `pipeline.stages.STAGE_MODULES` is checked against it.
+
+    ``run(params, inputs, workdir, **clients)``: ``params`` from ``make_params``; ``inputs``
+    keyed ``"<stage>/<name>"``; ``workdir`` empty and the stage's own. Stages that use
+    outside-world clients (the hub) take them as keyword arguments; ``cache_identity``, when
+    a stage has one, says what beyond params and inputs decides its result (None: never reuse).
+    """
+
+    NAME: str
+    VERSION: str
+
+    def make_params(self, job: JobSpec) -> Any: ...
+
+    def run(self, params: Any, inputs: Mapping[str, InputFile], workdir: Path) -> StageResult: ...

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import InputError, IntegrityError
-from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult, inputs_of, safe_relpath
+from pipeline.core.files import safe_relpath
+from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult, inputs_of
 
 __all__ = [
     "NAME",

@@ -28,7 +28,8 @@ from typing import Any, Literal
 
 from pipeline.clients.hub import HfHubClient, HubClient, HubFile
 from pipeline.core.errors import InputError, IntegrityError
-from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult, safe_relpath
+from pipeline.core.files import safe_relpath
+from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult
 
 __all__ = [
     "NAME",

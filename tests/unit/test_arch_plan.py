@@ -15,6 +15,7 @@ from pipeline.core.errors import InputError
 from pipeline.demo.checkpoint import write_demo_checkpoint
 from pipeline.formats.hf.architectures import ARCH_SPECS, HF_ARCHITECTURES
 from pipeline.formats.hf.checkpoint import bitnet_weight_quant, iter_tensors, tensor_plan
+from pipeline.formats.model_card import ModelCard
 from pipeline.stages.inspect.stage import SUPPORTED_ARCHITECTURES
 from pipeline.ternary.policy import decide, get_recipe
 
@@ -46,7 +47,7 @@ def test_new_tensors_are_named_and_kept_in_f32(cards: dict[str, Any]) -> None:
         },
     }
     for arch, names in expected.items():
-        plan = {p.hf_name: p for p in tensor_plan(cards[arch][1])}
+        plan = {p.hf_name: p for p in tensor_plan(ModelCard.from_dict(cards[arch][1]))}
         for hf_name, gguf_name in names.items():
             assert plan[hf_name].gguf_name == gguf_name
             decision = decide(gguf_name, plan[hf_name].shape, recipe)
@@ -60,7 +61,7 @@ def test_transformers_bitnet_norm_names(cards: dict[str, Any]) -> None:
         entry["name"] = (
             entry["name"].replace("inner_attn_ln", "attn_sub_norm").replace("ffn_layernorm", "ffn_sub_norm")
         )
-    names = {p.hf_name: p.gguf_name for p in tensor_plan(card)}
+    names = {p.hf_name: p.gguf_name for p in tensor_plan(ModelCard.from_dict(card))}
     assert names["model.layers.1.self_attn.attn_sub_norm.weight"] == "blk.1.attn_sub_norm.weight"
     assert names["model.layers.0.mlp.ffn_sub_norm.weight"] == "blk.0.ffn_sub_norm.weight"
 
@@ -69,7 +70,7 @@ def test_only_llama_family_permutes(cards: dict[str, Any]) -> None:
     for arch, is_permuted in (("mistral", True), ("qwen2", False), ("qwen3", False)):
         folder, card = cards[arch]
         files = {"model.safetensors": folder / "model.safetensors"}
-        streamed = dict(iter_tensors(card, files, "model.safetensors"))
+        streamed = dict(iter_tensors(ModelCard.from_dict(card), files, "model.safetensors"))
         with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:
             raw = handle.get_tensor("model.layers.0.self_attn.k_proj.weight").float()
         assert torch.equal(streamed["blk.0.attn_k.weight"], raw) != is_permuted, arch
@@ -78,7 +79,8 @@ def test_only_llama_family_permutes(cards: dict[str, Any]) -> None:
 def test_bitnet_latent_weights_are_rounded(cards: dict[str, Any]) -> None:
     folder, card = cards["bitnet"]
     streamed = dict(
-        iter_tensors(card, {"model.safetensors": folder / "model.safetensors"}, "model.safetensors")
+        iter_tensors(ModelCard.from_dict(card), {"model.safetensors": folder / "model.safetensors"},
+                     "model.safetensors")
     )
     weight = streamed["blk.0.ffn_up.weight"]
     scale = weight.abs().max()
@@ -92,23 +94,24 @@ def test_bitnet_latent_weights_are_rounded(cards: dict[str, Any]) -> None:
 def test_refusals(cards: dict[str, Any]) -> None:
     bitnet = copy.deepcopy(cards["bitnet"][1])
     bitnet["tensors"].append({**bitnet["tensors"][0], "name": "lm_head.weight"})
-    tied = tensor_plan(bitnet)  # tied: the saved copy is dropped, llama.cpp reuses token_embd
+    # Tied: the saved copy is dropped, llama.cpp reuses token_embd.
+    tied = tensor_plan(ModelCard.from_dict(bitnet))
     assert "output.weight" not in {p.gguf_name for p in tied}
     bitnet["config"]["tie_word_embeddings"] = False
     with pytest.raises(InputError, match="untied lm_head"):
-        tensor_plan(bitnet)
+        tensor_plan(ModelCard.from_dict(bitnet))
     relu2 = copy.deepcopy(cards["bitnet"][1])
     relu2["config"]["hidden_act"] = "relu2"  # microsoft/bitnet-b1.58-2B-4T; llama.cpp's graph runs silu
     with pytest.raises(InputError, match="hidden_act 'relu2'"):
-        tensor_plan(relu2)
+        tensor_plan(ModelCard.from_dict(relu2))
     swa = copy.deepcopy(cards["qwen2"][1])
     swa["config"]["use_sliding_window"] = True
     with pytest.raises(InputError, match="use_sliding_window"):
-        tensor_plan(swa)
+        tensor_plan(ModelCard.from_dict(swa))
     no_norm = copy.deepcopy(cards["qwen3"][1])
     no_norm["tensors"] = [t for t in no_norm["tensors"] if "q_norm" not in t["name"]]
     with pytest.raises(InputError, match=r"blk\.0\.attn_q_norm\.weight"):
-        tensor_plan(no_norm)
+        tensor_plan(ModelCard.from_dict(no_norm))
 
 
 def _inspect_card(folder: Path, work: Path) -> dict[str, Any]:
@@ -139,7 +142,7 @@ def test_inspect_stage_cards_every_architecture(cards: dict[str, Any], arch: str
     card = _inspect_card(folder, tmp_path)
     assert card["architecture"] == arch
     assert card["tokenizer"]["kind"] == ("sentencepiece" if arch in ("mistral", "bitnet") else "bpe")
-    assert len(tensor_plan(card)) == len(card["tensors"])
+    assert len(tensor_plan(ModelCard.from_dict(card))) == len(card["tensors"])
 
 
 def test_bitnet_quant_method_is_native(cards: dict[str, Any], tmp_path: Path) -> None:

@@ -22,9 +22,10 @@ import torch
 from conftest import card_for_checkpoint, package_inputs
 from safetensors.torch import load_file, save_file
 
+from pipeline.core.files import sha256_file
 from pipeline.demo.checkpoint import write_demo_checkpoint
 from pipeline.stages import decompose, package
-from pipeline.stages.base import InputFile, JobSpec, sha256_file
+from pipeline.stages.base import InputFile, JobSpec
 from pipeline.stages.inspect.stage import SUPPORTED_ARCHITECTURES
 from tests.support.reference_forward import reference_logits
 

@@ -13,7 +13,9 @@ from gguf import GGMLQuantizationType, quants
 from safetensors import safe_open
 
 from pipeline.core.errors import InputError
-from pipeline.stages.base import InputFile, JobSpec, sha256_file
+from pipeline.core.files import sha256_file
+from pipeline.formats.model_card import ModelCard
+from pipeline.stages.base import InputFile, JobSpec
 
 source = pytest.importorskip("pipeline.formats.hf.checkpoint", reason="formats/hf/checkpoint.py is missing")
 from pipeline.stages import decompose  # noqa: E402
@@ -101,10 +103,11 @@ def test_gaussian_two_shards_with_fallbacks(tmp_path: Path) -> None:
     assert [p.name for p in parts] == ["part-00001.safetensors", "part-00002.safetensors"]
     # The bytes are GGUF blocks: gguf's own dequantize gives back the reported error.
     files = {s: tmp_path / s for s in card["shards"]}
-    src = dict(source.iter_tensors(card, files, card["shards"][1]))
-    index = decompose.read_part_index(parts[1])
-    assert index["blk.1.ffn_up.weight"] == {"ggml_type": "TQ2_0", "shape": [320, 256]}
-    assert index["blk.1.ffn_down.weight"]["ggml_type"] == "F16"
+    src = dict(source.iter_tensors(ModelCard.from_dict(card), files, card["shards"][1]))
+    index = decompose.read_part_index(parts[1]).by_name()
+    up = index["blk.1.ffn_up.weight"]
+    assert (up.ggml_type, up.shape) == ("TQ2_0", (320, 256))
+    assert index["blk.1.ffn_down.weight"].ggml_type == "F16"
     with safe_open(str(parts[1]), framework="numpy") as handle:
         raw = handle.get_tensor("blk.1.ffn_up.weight")
     assert raw.dtype == np.uint8 and raw.size == 320 * 66
@@ -124,8 +127,8 @@ def test_fan_out_one_shard_tq1_0(tmp_path: Path) -> None:
     result = decompose.run(decompose.make_params(job), inputs, work)
     parts = [o.name for o in result.outputs if o.kind == "ternary-part"]
     assert parts == ["ternary/part-00002.safetensors"]
-    index = decompose.read_part_index(work / parts[0])
-    assert index["blk.1.attn_q.weight"]["ggml_type"] == "TQ1_0"
+    index = decompose.read_part_index(work / parts[0]).by_name()
+    assert index["blk.1.attn_q.weight"].ggml_type == "TQ1_0"
     assert "token_embd.weight" not in index and result.metrics["ternary_bpw"] == 1.6875
 
 
@@ -149,9 +152,10 @@ def test_tensors_read_as_stored_equal_the_float32_ones(tmp_path: Path) -> None:
     card = _gaussian_model(tmp_path)
     files = {s: tmp_path / s for s in card["shards"]}
     shard = card["shards"][0]
-    as_float = dict(source.iter_tensors(card, files, shard))  # kept: every tensor its own memory
+    # Kept: every tensor its own memory.
+    as_float = dict(source.iter_tensors(ModelCard.from_dict(card), files, shard))
     seen = set()
-    for name, tensor in source.iter_tensors(card, files, shard, as_stored=True):
+    for name, tensor in source.iter_tensors(ModelCard.from_dict(card), files, shard, as_stored=True):
         assert tensor.dtype == torch.bfloat16  # this checkpoint stores everything as BF16
         assert torch.equal(tensor.float(), as_float[name]), name
         seen.add(name)
@@ -170,34 +174,3 @@ def test_dropped_tensors_memory_is_reused(tmp_path: Path) -> None:
     assert second.ctypes.data != address
     del held, second
     assert pool.get(80).ctypes.data == address  # every view gone: reused
-
-
-def test_safetensors_headers_are_checked(tmp_path: Path) -> None:
-    import struct
-
-    from pipeline.core.errors import IntegrityError
-    from pipeline.formats.rawio import read_safetensors_header
-
-    def write(header: dict[str, Any], data: bytes = b"\0" * 16) -> Path:
-        raw = json.dumps(header).encode()
-        path = tmp_path / "x.safetensors"
-        path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
-        return path
-
-    ok = {"a": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]},
-          "b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}, "__metadata__": {"k": "v"}}
-    entries, meta = read_safetensors_header(write(ok))
-    assert entries["b"].offset == 8 + len(json.dumps(ok)) + 8 and meta == {"k": "v"}
-    for bad, message in (
-        ({"a": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]},
-          "b": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [4, 12]}}, "overlap"),
-        ({"a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 8]}}, "needs 16"),
-        ({"a": {"dtype": "F32", "shape": [8], "data_offsets": [0, 32]}}, "claims bytes"),
-        ({"a": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 2]}}, "unknown dtype"),
-    ):
-        with pytest.raises(IntegrityError, match=message):
-            read_safetensors_header(write(bad))
-    path = tmp_path / "huge.safetensors"
-    path.write_bytes(struct.pack("<Q", 1 << 40) + b"{}")
-    with pytest.raises(IntegrityError, match="header length"):
-        read_safetensors_header(path)

@@ -15,11 +15,13 @@ import torch
 from conftest import package_inputs
 
 from pipeline.core.errors import InputError, IntegrityError
+from pipeline.core.files import sha256_file
 from pipeline.formats.gguf import tensor_source as gguf_source
 from pipeline.formats.gguf.reader import GGUFFile
 from pipeline.formats.gguf.writer import TensorToWrite, write_gguf
+from pipeline.formats.model_card import ModelCard
 from pipeline.stages import decompose, inspect, package
-from pipeline.stages.base import InputFile, JobSpec, sha256_file
+from pipeline.stages.base import InputFile, JobSpec
 
 QT = gguf.GGMLQuantizationType
 # Source types by tensor kind: a little of everything gguf's numpy code can write.
@@ -147,11 +149,12 @@ def test_card_records_source_types(mixed_gguf: Path, tmp_path: Path) -> None:
 
 def test_plan_and_tensors(mixed_gguf: Path, tmp_path: Path) -> None:
     card = _card(mixed_gguf, tmp_path)
-    plan = gguf_source.tensor_plan(card)
+    plan = gguf_source.tensor_plan(ModelCard.from_dict(card))
     assert [p.gguf_name for p in plan] == [t["name"] for t in card["tensors"]]
     reader = gguf.GGUFReader(mixed_gguf)
     expected = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in reader.tensors}
-    streamed = list(gguf_source.iter_tensors(card, {mixed_gguf.name: mixed_gguf}, mixed_gguf.name))
+    files = {mixed_gguf.name: mixed_gguf}
+    streamed = list(gguf_source.iter_tensors(ModelCard.from_dict(card), files, mixed_gguf.name))
     assert [name for name, _ in streamed] == [p.gguf_name for p in plan]
     for (name, tensor), item in zip(streamed, plan, strict=True):
         assert tensor.dtype == torch.float32 and tuple(tensor.shape) == item.shape
@@ -162,10 +165,10 @@ def test_card_that_disagrees_with_the_file(mixed_gguf: Path, tmp_path: Path) -> 
     card = _card(mixed_gguf, tmp_path)
     card["tensors"][1]["dtype"] = "F16" if card["tensors"][1]["dtype"] != "F16" else "F32"
     with pytest.raises(IntegrityError, match="the model card says"):
-        list(gguf_source.iter_tensors(card, {mixed_gguf.name: mixed_gguf}, mixed_gguf.name))
+        list(gguf_source.iter_tensors(ModelCard.from_dict(card), files, mixed_gguf.name))
     card["tensors"][1]["dtype"] = "I32"
     with pytest.raises(InputError, match="gguf cannot dequantize"):
-        gguf_source.tensor_plan(card)
+        gguf_source.tensor_plan(ModelCard.from_dict(card))
 
 
 def test_source_metadata_skips_rewritten_keys(mixed_gguf: Path) -> None:

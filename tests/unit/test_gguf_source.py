@@ -12,6 +12,7 @@ from safetensors import safe_open
 
 from pipeline.core.errors import InputError
 from pipeline.formats.hf.checkpoint import PlannedTensor, iter_tensors, rope_permute, tensor_plan
+from pipeline.formats.model_card import ModelCard
 
 
 def _reference_permute(weight: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -27,7 +28,7 @@ def _reference_permute(weight: torch.Tensor, n_head: int) -> torch.Tensor:
 
 
 def test_plan_names_every_tensor(demo_card: dict[str, Any]) -> None:
-    plan = tensor_plan(demo_card)
+    plan = tensor_plan(ModelCard.from_dict(demo_card))
     by_name = {p.gguf_name: p for p in plan}
     assert len(plan) == len(demo_card["tensors"])
     assert by_name["token_embd.weight"].hf_name == "model.embed_tokens.weight"
@@ -49,7 +50,7 @@ def test_unmapped_tensor_is_named(demo_card: dict[str, Any]) -> None:
         {"name": "model.layers.0.mystery.weight", "shape": [4], "dtype": "BF16", "shard": "model.safetensors"}
     )
     with pytest.raises(InputError, match=r"model\.layers\.0\.mystery\.weight"):
-        tensor_plan(card)
+        tensor_plan(ModelCard.from_dict(card))
 
 
 def test_inv_freq_is_skipped(demo_card: dict[str, Any]) -> None:
@@ -62,20 +63,20 @@ def test_inv_freq_is_skipped(demo_card: dict[str, Any]) -> None:
             "shard": "model.safetensors",
         }
     )
-    assert len(tensor_plan(card)) == len(demo_card["tensors"])
+    assert len(tensor_plan(ModelCard.from_dict(card))) == len(demo_card["tensors"])
 
 
 def test_missing_layer_tensor_is_refused(demo_card: dict[str, Any]) -> None:
     card = copy.deepcopy(demo_card)
     card["tensors"] = [t for t in card["tensors"] if t["name"] != "model.layers.1.mlp.up_proj.weight"]
     with pytest.raises(InputError, match=r"blk\.1\.ffn_up\.weight"):
-        tensor_plan(card)
+        tensor_plan(ModelCard.from_dict(card))
 
 
 def test_unknown_architecture_is_refused(demo_card: dict[str, Any]) -> None:
     card = {**demo_card, "architecture": "gpt_neox", "hf_architecture": "GPTNeoXForCausalLM"}
     with pytest.raises(InputError, match="GPTNeoXForCausalLM"):
-        tensor_plan(card)
+        tensor_plan(ModelCard.from_dict(card))
 
 
 def test_rope_permute_matches_reference() -> None:
@@ -87,10 +88,10 @@ def test_rope_permute_matches_reference() -> None:
 def test_iter_tensors_permutes_q_and_k_only(demo_checkpoint: Path, demo_card: dict[str, Any]) -> None:
     files = {"model.safetensors": demo_checkpoint / "model.safetensors"}
     config = demo_card["config"]
-    plan = {p.gguf_name: p for p in tensor_plan(demo_card)}
+    plan = {p.gguf_name: p for p in tensor_plan(ModelCard.from_dict(demo_card))}
     seen = []
     with safe_open(str(files["model.safetensors"]), framework="pt") as handle:
-        for gguf_name, tensor in iter_tensors(demo_card, files, "model.safetensors"):
+        for gguf_name, tensor in iter_tensors(ModelCard.from_dict(demo_card), files, "model.safetensors"):
             seen.append(gguf_name)
             assert tensor.dtype == torch.float32 and tensor.is_contiguous()
             original = handle.get_tensor(plan[gguf_name].hf_name).float()
@@ -106,4 +107,4 @@ def test_iter_tensors_permutes_q_and_k_only(demo_checkpoint: Path, demo_card: di
 
 def test_iter_tensors_unknown_shard(demo_checkpoint: Path, demo_card: dict[str, Any]) -> None:
     with pytest.raises(InputError, match="nope.safetensors"):
-        next(iter_tensors(demo_card, {}, "nope.safetensors"))
+        next(iter_tensors(ModelCard.from_dict(demo_card), {}, "nope.safetensors"))

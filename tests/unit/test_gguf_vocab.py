@@ -13,7 +13,7 @@ import pytest
 from pipeline.core.errors import InputError
 from pipeline.formats.gguf.keys import Tokenizer as TK
 from pipeline.formats.gguf.writer import llama_metadata, write_gguf
-from pipeline.formats.tokenizer.vocab import detect_pre_tokenizer, load_vocab
+from pipeline.formats.tokenizer.bpe import detect_pre_tokenizer, load_vocab
 
 _LLAMA3_SPLIT = {
     "type": "Split",

@@ -179,7 +179,7 @@ def test_missing_config(tmp_path: Path) -> None:
 def test_config_not_json(tmp_path: Path) -> None:
     folder = _checkpoint(tmp_path)
     (folder / "config.json").write_text("{not json")
-    with pytest.raises(InputError, match="config.json: not valid UTF-8 JSON"):
+    with pytest.raises(InputError, match="config.json: not valid JSON"):
         _inspect(folder, tmp_path)
 
 
@@ -388,7 +388,7 @@ def _hostile_gguf(folder: Path, body: bytes, *, n_tensors: int = 0, n_kv: int = 
         (b"", {"n_tensors": 2**63, "n_kv": 0}, "more than .* bytes can hold"),
         (struct.pack("<Q", 1) + b"t" + struct.pack("<I", 9) + b"\0" * 80, {"n_tensors": 1, "n_kv": 0},
          "9 dimensions"),
-        (struct.pack("<Q", 1) + b"a" + struct.pack("<I", 77) + b"\0" * 16, {}, "unknown or nested"),
+        (struct.pack("<Q", 1) + b"a" + struct.pack("<I", 77) + b"\0" * 16, {}, "unknown value type"),
     ],
 )
 def test_gguf_hostile_counts_fail_fast(

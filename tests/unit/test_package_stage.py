@@ -13,8 +13,10 @@ from conftest import card_for_checkpoint, package_inputs
 
 from pipeline.core.errors import IntegrityError
 from pipeline.formats.gguf.readback import inspect_gguf
-from pipeline.stages.package import stage as package
+from pipeline.formats.model_card import ModelCard
+from pipeline.stages import package
 from pipeline.stages.base import JobSpec
+from pipeline.stages.package import parts as parts_of
 
 
 @pytest.fixture(scope="module")
@@ -249,14 +251,14 @@ def test_verify_bytes_finds_one_changed_byte(packaged: Any, demo_checkpoint: Pat
 
     inputs = package_inputs(demo_checkpoint, demo_card, tmp_path)
     parts = {n: f for n, f in inputs.items() if n.startswith("decompose/")}
-    ordered = package._match_plan(demo_card, package._collect_parts(parts))
+    ordered = parts_of.match_plan(ModelCard.from_dict(demo_card), parts_of.collect_parts(parts))
     assert all(t.offset is not None for t in ordered)
     copy = tmp_path / "model.gguf"
     copy.write_bytes(packaged.outputs[0].path.read_bytes())
-    package._verify_bytes(copy, ordered)  # the parts made here equal the fixture's
+    parts_of.verify_bytes(copy, ordered)  # the parts made here equal the fixture's
     tensor = next(t for t in GGUFFile(copy).tensors if t.name == "blk.1.ffn_up.weight")
     data = bytearray(copy.read_bytes())
     data[tensor.data_offset + tensor.n_bytes - 3] ^= 1
     copy.write_bytes(bytes(data))
     with pytest.raises(IntegrityError, match="blk.1.ffn_up.weight"):
-        package._verify_bytes(copy, ordered)
+        parts_of.verify_bytes(copy, ordered)

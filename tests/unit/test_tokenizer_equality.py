@@ -20,7 +20,7 @@ import pytest
 from pipeline.demo.checkpoint import write_demo_checkpoint
 from pipeline.demo.tokenizers import TOKENIZER_KINDS, write_tokenizer
 from pipeline.formats.gguf.writer import llama_metadata, write_gguf
-from pipeline.formats.tokenizer.vocab import GGUFVocab, load_tokenizer
+from pipeline.formats.tokenizer import GGUFVocab, load_tokenizer
 
 TEXTS = (
     "Hello world, it's a test. Don't STOP; we'll see!",

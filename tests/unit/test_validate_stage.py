@@ -14,10 +14,11 @@ import pytest
 from conftest import package_inputs
 
 from pipeline.core.errors import InputError, IntegrityError
+from pipeline.core.files import sha256_file
 from pipeline.formats.gguf.reader import GGUFFile
 from pipeline.formats.gguf.writer import TensorToWrite, Typed, write_gguf
 from pipeline.stages import package, validate
-from pipeline.stages.base import InputFile, JobSpec, sha256_file
+from pipeline.stages.base import InputFile, JobSpec
 from pipeline.stages.validate import file_checks
 from pipeline.stages.validate.judge import agreement_stats
 

@@ -16,6 +16,7 @@ from conftest import card_for_checkpoint, package_inputs
 from pipeline.formats.gguf.reader import GGUFFile
 from pipeline.formats.gguf.tensor_source import dequantize_tensor
 from pipeline.formats.hf.checkpoint import iter_tensors
+from pipeline.formats.model_card import ModelCard
 from pipeline.stages import package
 from pipeline.stages.base import JobSpec
 from pipeline.stages.validate.reference import REFERENCE_KEY, build_reference
@@ -32,7 +33,7 @@ def test_reference_holds_the_source_weights(
 ) -> None:
     converted = _converted(demo_checkpoint, demo_card, tmp_path)
     files = {shard: demo_checkpoint / shard for shard in demo_card["shards"]}
-    ref = GGUFFile(build_reference(demo_card, files, converted, tmp_path / "ref.gguf"))
+    ref = GGUFFile(build_reference(ModelCard.from_dict(demo_card), files, converted, tmp_path / "ref.gguf"))
     conv = GGUFFile(converted)
     assert [t.name for t in ref.tensors] == [t.name for t in conv.tensors]
     for key, field in conv.fields.items():
@@ -40,7 +41,7 @@ def test_reference_holds_the_source_weights(
             assert ref.fields[key].typed() == field.typed(), key
     assert ref.fields[REFERENCE_KEY].contents() is True
     by_name = {t.name: t for t in ref.tensors}
-    for name, weight in iter_tensors(demo_card, files, "model.safetensors"):
+    for name, weight in iter_tensors(ModelCard.from_dict(demo_card), files, "model.safetensors"):
         tensor = by_name[name]
         # The demo is BF16: the reference keeps it exactly (1-D tensors as F32).
         assert tensor.tensor_type.name == ("F32" if weight.ndim == 1 else "BF16"), name
@@ -63,7 +64,8 @@ def test_computed_tensors_come_from_the_converted_file(demo_checkpoint: Path, tm
     converted = _converted(checkpoint, card, tmp_path)
     files = {shard: checkpoint / shard for shard in card["shards"]}
     ref = {
-        t.name: t for t in GGUFFile(build_reference(card, files, converted, tmp_path / "ref.gguf")).tensors
+        t.name: t
+        for t in GGUFFile(build_reference(ModelCard.from_dict(card), files, converted, tmp_path / "ref.gguf")).tensors
     }
     conv = {t.name: t for t in GGUFFile(converted).tensors}
     assert ref["rope_freqs.weight"].tensor_type is gguf.GGMLQuantizationType.F32
@@ -77,6 +79,6 @@ def test_reference_runs_in_llama_cpp(
     llama_cpp = pytest.importorskip("llama_cpp")
     converted = _converted(demo_checkpoint, demo_card, tmp_path)
     files = {shard: demo_checkpoint / shard for shard in demo_card["shards"]}
-    path = build_reference(demo_card, files, converted, tmp_path / "ref.gguf")
+    path = build_reference(ModelCard.from_dict(demo_card), files, converted, tmp_path / "ref.gguf")
     model = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_threads=1, verbose=False)
     assert model.n_vocab() == 512

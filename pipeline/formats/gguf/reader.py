@@ -147,9 +147,11 @@ class _Cursor:
 class GGUFFile:
     """A parsed GGUF file (little-endian, version 2 or 3), tensors memory-mapped read-only."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, label: str | None = None) -> None:
         self.path = Path(path)
-        label = self.path.name
+        label = label or self.path.name
+        if self.path.stat().st_size < 24:  # magic, version and the two counts
+            raise IntegrityError(f"{label}: {self.path.stat().st_size} bytes is too short for a GGUF file")
         self._map = np.memmap(self.path, mode="r")
         cur = _Cursor(memoryview(self._map.data), label)
         if bytes(cur.take(4, "magic")) != b"GGUF":

@@ -6,13 +6,8 @@ renamed or permuted here: each tensor is only dequantized (any type `gguf.quants
 dequantize: F32, F16, BF16, Q8_0, Q4_K, Q6_K, ...) to float32, one at a time, from the
 memory-mapped file (`reader.GGUFFile`).
 
-The model card is the one the inspect stage writes for a ``.gguf`` file::
-
-    {"architecture": "gemma3", "format": "gguf", "shards": ["model.gguf"],
-     "tensors": [{"name": "blk.0.attn_q.weight", "shape": [1024, 640], "dtype": "Q5_0",
-                  "shard": "model.gguf"}, ...], "dtypes": {"Q5_0": 81, ...}, ...}
-
-(shape in torch order, ``[rows, cols]``: ggml's dimensions reversed).
+It reads the `ModelCard` the inspect stage writes for a ``.gguf`` file (format "gguf", one
+shard, shapes in torch order ``[rows, cols]``: ggml's dimensions reversed).
 
 Example::
 
@@ -36,11 +31,11 @@ from pipeline.core.errors import InputError, IntegrityError
 from pipeline.formats.gguf.keys import Bonsai, General
 from pipeline.formats.gguf.reader import GGUFFile
 from pipeline.formats.gguf.writer import Typed
+from pipeline.formats.model_card import ModelCard
+from pipeline.formats.plan import PlannedTensor
 
 if TYPE_CHECKING:
     import torch
-
-    from pipeline.formats.hf.checkpoint import PlannedTensor
 
 __all__ = [
     "GGUF_FORMAT",
@@ -88,30 +83,25 @@ def dequantizable_types() -> frozenset[str]:
     return frozenset(names)
 
 
-def is_gguf_card(card: Mapping[str, Any]) -> bool:
+def is_gguf_card(card: ModelCard) -> bool:
     """Whether a model card describes a single-file GGUF source."""
-    return card.get("format") == GGUF_FORMAT
+    return card.format == GGUF_FORMAT
 
 
-def tensor_plan(card: Mapping[str, Any]) -> list[PlannedTensor]:
+def tensor_plan(card: ModelCard) -> list[PlannedTensor]:
     """Every tensor of a GGUF card, in file order, with its GGUF name (= its own name); reads no data.
 
     Raises InputError when the card is not a GGUF card, names a type we cannot dequantize,
     repeats a tensor, or puts a tensor in a shard it does not list.
     """
-    from pipeline.formats.hf.checkpoint import PlannedTensor
-
     if not is_gguf_card(card):
-        raise InputError(f"model card format is {card.get('format')!r}, not {GGUF_FORMAT!r}")
-    shards = set(card.get("shards") or [])
+        raise InputError(f"model card format is {card.format!r}, not {GGUF_FORMAT!r}")
+    shards = set(card.shards)
     supported = dequantizable_types()
     planned: list[PlannedTensor] = []
     seen: set[str] = set()
-    for entry in card.get("tensors") or []:
-        name, dtype, shard = str(entry.get("name")), str(entry.get("dtype")), str(entry.get("shard"))
-        shape = entry.get("shape")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-            raise InputError(f"model card tensor {name!r} has shape {shape!r}; expected a list of ints")
+    for entry in card.tensors:
+        name, dtype, shard, shape = entry.name, entry.dtype, entry.shard, entry.shape
         if name in seen:
             raise InputError(f"model card lists tensor {name!r} twice")
         if shard not in shards:
@@ -149,7 +139,7 @@ def dequantize_tensor(tensor: Any) -> np.ndarray[Any, np.dtype[np.float32]]:
 
 
 def iter_tensors(
-    card: Mapping[str, Any], files: Mapping[str, Path], shard: str
+    card: ModelCard, files: Mapping[str, Path], shard: str
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (gguf_name, float32 contiguous tensor) for every planned tensor of the GGUF file `shard`.
 
@@ -161,7 +151,7 @@ def iter_tensors(
 
     planned = [p for p in tensor_plan(card) if p.shard == shard]
     if not planned:
-        raise InputError(f"shard {shard!r} holds no planned tensors; card shards: {card.get('shards')}")
+        raise InputError(f"shard {shard!r} holds no planned tensors; card shards: {list(card.shards)}")
     path = files.get(shard)
     if path is None or not Path(path).is_file():
         raise InputError(f"GGUF source {shard!r} is not among the input files ({sorted(files)})")

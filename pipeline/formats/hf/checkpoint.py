@@ -7,13 +7,7 @@ q/k rows permuted for rope where the architecture's rope needs it, BitNet's late
 weights rounded to the ternary values the model computes with). Per-architecture rules
 come from the `names.ARCH_SPECS` table.
 
-The model card is the JSON the inspect stage writes::
-
-    {"architecture": "llama", "hf_architecture": "LlamaForCausalLM", "config": {...},
-     "format": "safetensors", "shards": ["model.safetensors"],
-     "tensors": [{"name": "model.embed_tokens.weight", "shape": [512, 256],
-                  "dtype": "BF16", "shard": "model.safetensors"}, ...],
-     "tokenizer": {"kind": "bpe", "files": ["tokenizer.json"]}}
+Both read the `ModelCard` the inspect stage writes (`pipeline.formats.model_card`).
 
 Example::
 
@@ -26,7 +20,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +36,8 @@ from pipeline.formats.hf.architectures import (
     TRY_SUFFIXES,
     ArchSpec,
 )
+from pipeline.formats.model_card import ModelCard
+from pipeline.formats.plan import PlannedTensor
 
 __all__ = ["PlannedTensor", "arch_spec", "tensor_plan", "iter_tensors", "rope_permute", "bitnet_weight_quant"]
 
@@ -51,24 +46,13 @@ _BLOCK = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)$")
 _LATENT = re.compile(r"^blk\.\d+\.(" + "|".join(TERNARY_LATENT_KINDS) + r")\.weight$")
 
 
-@dataclass(frozen=True)
-class PlannedTensor:
-    """One GGUF tensor to write: where it comes from and its shape in torch order [rows, cols]."""
-
-    gguf_name: str
-    hf_name: str
-    shape: tuple[int, ...]
-    source_dtype: str
-    shard: str
-
-
-def arch_spec(card: Mapping[str, Any]) -> ArchSpec:
+def arch_spec(card: ModelCard) -> ArchSpec:
     """The packaging rules for the card's architecture; InputError if we do not package it."""
-    for key in (card.get("hf_architecture"), card.get("architecture")):
+    for key in (card.hf_architecture, card.architecture):
         if isinstance(key, str) and key in ARCHITECTURES:
             return ARCHITECTURES[key]
     raise InputError(
-        f"architecture {card.get('hf_architecture')!r} (model_type {card.get('architecture')!r}) "
+        f"architecture {card.hf_architecture!r} (model_type {card.architecture!r}) "
         f"is not one Bonsai packages; supported: {sorted(ARCHITECTURES)}"
     )
 
@@ -84,15 +68,6 @@ def _head_count(config: Mapping[str, Any], key: str) -> int:
     # GQA-less configs omit num_key_value_heads: it then equals the attention head count.
     default = config.get("num_attention_heads") if key == "num_key_value_heads" else None
     return _config_int(config, key, default)
-
-
-def _parse_shape(entry: Mapping[str, Any]) -> tuple[int, ...]:
-    shape = entry.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise InputError(
-            f"model card tensor {entry.get('name')!r} has shape {shape!r}; expected a list of ints"
-        )
-    return tuple(shape)
 
 
 def _check_permutable(hf_name: str, shape: tuple[int, ...], n_head: int) -> None:
@@ -157,7 +132,7 @@ def _skips_output_head(spec: ArchSpec, config: Mapping[str, Any], hf_name: str) 
     )
 
 
-def tensor_plan(card: Mapping[str, Any]) -> list[PlannedTensor]:
+def tensor_plan(card: ModelCard) -> list[PlannedTensor]:
     """Map every tensor of the card to its GGUF name, in card order; reads no tensor data.
 
     Raises InputError for an unsupported architecture, a tensor name llama.cpp has no
@@ -165,15 +140,15 @@ def tensor_plan(card: Mapping[str, Any]) -> list[PlannedTensor]:
     card does not list, q/k rows that cannot be rope-permuted, or missing required tensors.
     """
     spec = arch_spec(card)
-    config = card.get("config") or {}
+    config = card.config
     _check_config(spec, config)
     n_blocks = _config_int(config, "num_hidden_layers")
     name_map = gguf.get_tensor_name_map(spec.gguf_arch, n_blocks)
-    shards = set(card.get("shards") or [])
+    shards = set(card.shards)
     planned: list[PlannedTensor] = []
     seen: dict[str, str] = {}
-    for entry in card.get("tensors") or []:
-        hf_name = str(entry.get("name"))
+    for entry in card.tensors:
+        hf_name = entry.name
         if hf_name.endswith(SKIPPED_SUFFIXES) or _skips_output_head(spec, config, hf_name):
             continue
         gguf_name = _gguf_name(spec, name_map, hf_name, n_blocks)
@@ -184,16 +159,16 @@ def tensor_plan(card: Mapping[str, Any]) -> list[PlannedTensor]:
             )
         if gguf_name in seen:
             raise InputError(f"tensors {seen[gguf_name]!r} and {hf_name!r} both map to GGUF {gguf_name!r}")
-        shard = str(entry.get("shard"))
+        shard = entry.shard
         if shard not in shards:
             raise InputError(f"tensor {hf_name!r} lives in shard {shard!r}, which the card's shards omit")
-        shape = _parse_shape(entry)
+        shape = entry.shape
         if spec.has_rope_permute:
             for suffix, head_key in ROPE_PERMUTED.items():
                 if hf_name.endswith(suffix):
                     _check_permutable(hf_name, shape, _head_count(config, head_key))
         seen[gguf_name] = hf_name
-        planned.append(PlannedTensor(gguf_name, hf_name, shape, str(entry.get("dtype")), shard))
+        planned.append(PlannedTensor(gguf_name, hf_name, shape, entry.dtype, shard))
     _check_coverage(spec, planned, n_blocks)
     return planned
 
@@ -232,7 +207,7 @@ def _permute_heads(spec: ArchSpec, config: Mapping[str, Any], hf_name: str) -> i
 
 
 def iter_tensors(
-    card: Mapping[str, Any], files: Mapping[str, Path], shard: str, *, as_stored: bool = False
+    card: ModelCard, files: Mapping[str, Path], shard: str, *, as_stored: bool = False
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (gguf_name, float32 contiguous tensor) for every planned tensor of one shard.
 
@@ -248,10 +223,10 @@ def iter_tensors(
     from pipeline.formats.rawio import SafetensorsReader
 
     spec = arch_spec(card)
-    config = card.get("config") or {}
+    config = card.config
     planned = [p for p in tensor_plan(card) if p.shard == shard]
     if not planned:
-        raise InputError(f"shard {shard!r} holds no planned tensors; card shards: {card.get('shards')}")
+        raise InputError(f"shard {shard!r} holds no planned tensors; card shards: {list(card.shards)}")
     path = files.get(shard)
     if path is None or not Path(path).is_file():
         raise InputError(f"shard {shard!r} is not among the input files ({sorted(files)})")

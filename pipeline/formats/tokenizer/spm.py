@@ -26,7 +26,7 @@ from typing import Any
 import gguf
 
 from pipeline.core.errors import InputError
-from pipeline.formats.tokenizer.vocab import GGUFVocab, chat_template
+from pipeline.formats.tokenizer.gguf_vocab import GGUFVocab, chat_template
 
 __all__ = ["SpmModel", "read_spm_model", "load_spm_vocab"]
 

@@ -18,44 +18,35 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import gguf
+
 from pipeline.core.errors import InputError, IntegrityError
+from pipeline.formats.gguf.keys import General
+from pipeline.formats.gguf.readback import inspect_gguf
+from pipeline.formats.gguf.tensor_source import source_metadata
+from pipeline.formats.gguf.writer import TensorToWrite, file_type_for, write_gguf
+from pipeline.formats.model_card import ModelCard
 from pipeline.stages.base import InputFile, OutputFile, StageResult
-from pipeline.stages.package.stage import (
-    _GGML_QUANT_VERSION,
-    OUTPUT_NAME,
-    Params,
-    PartTensor,
-    _loader,
-    _require,
-    _verify_bytes,
-    provenance_keys,
-)
+from pipeline.stages.package.common import GGML_QUANT_VERSION, OUTPUT_NAME, Params, provenance_keys, require
+from pipeline.stages.package.parts import PartTensor, verify_bytes
 
 __all__ = ["package_gguf_source"]
 
 log = logging.getLogger(__name__)
 
 
-
 def _metadata(params: Params, copied: Mapping[str, Any], types: set[str], card_sha256: str) -> dict[str, Any]:
-    import gguf
-
-    from pipeline.formats.gguf.keys import General
-    from pipeline.formats.gguf.writer import file_type_for
-
     meta: dict[str, Any] = dict(copied)
     # The source's own name ("Gemma 3 270m") says more than a file name; keep it when present.
     meta.setdefault(General.NAME, params.model_name)
     meta[General.FILE_TYPE] = int(file_type_for(gguf.GGMLQuantizationType[t] for t in types))
-    meta[General.QUANTIZATION_VERSION] = _GGML_QUANT_VERSION
+    meta[General.QUANTIZATION_VERSION] = GGML_QUANT_VERSION
     meta.update(provenance_keys(params, card_sha256))
     return meta
 
 
 def _verify_metadata(path: Path, copied: Mapping[str, Any]) -> None:
     """Every copied key must read back with the source's type and value."""
-    from pipeline.formats.gguf.tensor_source import source_metadata
-
     written, _ = source_metadata(path)
     for key, value in copied.items():
         if written.get(key) != value:
@@ -65,7 +56,7 @@ def _verify_metadata(path: Path, copied: Mapping[str, Any]) -> None:
 def package_gguf_source(
     params: Params,
     download: Mapping[str, InputFile],
-    card: Mapping[str, Any],
+    card: ModelCard,
     card_file: InputFile | None,
     ordered: list[PartTensor],
     workdir: Path,
@@ -75,28 +66,21 @@ def package_gguf_source(
     Raises InputError when the source file is not among the inputs, IntegrityError when the
     written file does not read back as meant.
     """
-    import gguf
-
-    from pipeline.formats.gguf.keys import General
-    from pipeline.formats.gguf.readback import inspect_gguf
-    from pipeline.formats.gguf.tensor_source import source_metadata
-    from pipeline.formats.gguf.writer import TensorToWrite, write_gguf
-
-    shards = list(card.get("shards") or [])
+    shards = list(card.shards)
     if len(shards) != 1:
         raise InputError(f"a GGUF model card names exactly one source file; this one names {shards}")
-    source_path = _require(download, str(shards[0]), "download")
+    source_path = require(download, str(shards[0]), "download")
     copied, dropped = source_metadata(source_path)
     types = {t.ggml_type for t in ordered}
     meta = _metadata(params, copied, types, card_file.sha256 if card_file else "")
     to_write = [
-        TensorToWrite(t.gguf_name, gguf.GGMLQuantizationType[t.ggml_type], t.shape, _loader(t))
+        TensorToWrite(t.gguf_name, gguf.GGMLQuantizationType[t.ggml_type], t.shape, t.loader())
         for t in ordered
     ]
     dest = workdir / OUTPUT_NAME
-    written = write_gguf(dest, str(card["architecture"]), meta, to_write)
+    written = write_gguf(dest, card.architecture, meta, to_write)
     summary = inspect_gguf(dest, {t.name: (t.ggml_type, t.shape) for t in to_write})
-    _verify_bytes(dest, ordered)
+    verify_bytes(dest, ordered)
     _verify_metadata(dest, copied)
     log.info(
         "package: wrote %s from GGUF source %s (%d bytes, %d tensors, %.3f bpw, %d keys copied)",
@@ -107,7 +91,7 @@ def package_gguf_source(
         summary.bits_per_weight,
         len(copied),
     )
-    source_types = Counter({str(k): int(v) for k, v in (card.get("dtypes") or {}).items()})
+    source_types = Counter({str(k): int(v) for k, v in card.dtypes.items()})
     metrics = {
         "size_bytes": summary.size_bytes,
         "tensor_count": summary.tensor_count,
@@ -117,8 +101,8 @@ def package_gguf_source(
         "file_type": gguf.LlamaFileType(meta[General.FILE_TYPE]).name,
         "source_format": "gguf",
         "source_types": dict(sorted(source_types.items())),
-        "source_file_type": card.get("file_type"),
-        "architecture": card["architecture"],
+        "source_file_type": card.file_type,
+        "architecture": card.architecture,
         "metadata_keys_copied": len(copied),
     }
     return StageResult(

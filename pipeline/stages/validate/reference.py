@@ -26,6 +26,7 @@ from pipeline.core.errors import IntegrityError
 from pipeline.formats.gguf.keys import Bonsai, General
 from pipeline.formats.gguf.reader import GGUFFile
 from pipeline.formats.gguf.writer import TensorToWrite, write_gguf
+from pipeline.formats.model_card import ModelCard
 
 __all__ = ["build_reference", "REFERENCE_KEY"]
 
@@ -51,7 +52,7 @@ def _encode(values: np.ndarray[Any, Any], qtype: gguf.GGMLQuantizationType) -> n
 class _Streams:
     """Hands out each shard's tensors in plan order, to loaders called in that same order."""
 
-    def __init__(self, card: Mapping[str, Any], files: Mapping[str, Path]) -> None:
+    def __init__(self, card: ModelCard, files: Mapping[str, Path]) -> None:
         self._card, self._files = card, files
         self._open: dict[str, Iterator[tuple[str, Any]]] = {}
 
@@ -72,7 +73,7 @@ def _copy_of(data: np.ndarray[Any, Any]) -> Callable[[], np.ndarray[Any, Any]]:
     return lambda: np.asarray(data)
 
 
-def build_reference(card: Mapping[str, Any], files: Mapping[str, Path], converted: Path, dest: Path) -> Path:
+def build_reference(card: ModelCard, files: Mapping[str, Path], converted: Path, dest: Path) -> Path:
     """Write the 16-bit reference GGUF of an HF source at `dest`; returns `dest`.
 
     Raises InputError / IntegrityError from the tensor plan and the source shards (the same
@@ -89,7 +90,7 @@ def build_reference(card: Mapping[str, Any], files: Mapping[str, Path], converte
     meta[REFERENCE_KEY] = True
     streams = _Streams(card, files)
     tensors: list[TensorToWrite] = []
-    for shard in card.get("shards") or []:
+    for shard in card.shards:
         for item in (p for p in plan if p.shard == shard):
             qtype = _reference_type(item.shape, item.source_dtype)
             tensors.append(

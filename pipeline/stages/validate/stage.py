@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import InputError, IntegrityError, PipelineError
+from pipeline.formats.model_card import ModelCard
 from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult, inputs_of
 from pipeline.stages.validate.judge import Check, first_answer, repetition_of, verdict_of
 
@@ -177,12 +178,9 @@ def _reference(
     download = {name: item.path for name, item in inputs_of(inputs, "download").items()}
     if card_item is None or not download:
         return None, "none", "no source inputs (inspect/model_card.json, download/*) were given"
-    try:
-        card = json.loads(card_item.path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise IntegrityError(f"inspect/model_card.json is not readable JSON: {exc}") from exc
-    if card.get("format") == "gguf":
-        shard = str((card.get("shards") or [""])[0])
+    card = ModelCard.load(card_item.path, "inspect/model_card.json")
+    if card.is_gguf:
+        shard = card.shards[0] if card.shards else ""
         if shard not in download:
             return None, "gguf-source", f"the source file {shard!r} is not among the inputs"
         return download[shard], "gguf-source", ""

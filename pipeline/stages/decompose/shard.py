@@ -1,0 +1,190 @@
+"""One source shard of the decompose stage: fit each tensor as it streams in, into one part file.
+
+The part's header (its index) is computed from the tensor plan first, then each tensor's
+bytes are appended as soon as it is fitted, so peak memory is about one tensor, not the
+model. The written part is reopened and checked before it counts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from pipeline.core.errors import InputError, IntegrityError
+from pipeline.core.files import atomic_path
+from pipeline.formats.model_card import ModelCard
+from pipeline.formats.parts import PartEntry, PartIndex
+from pipeline.formats.rawio import pread_exact
+from pipeline.ternary.decompose import decompose_packed
+from pipeline.ternary.pack import bits_per_weight, decode_bytes, encode_plain, tensor_nbytes
+from pipeline.ternary.policy import Recipe, TensorDecision
+from pipeline.ternary.report import TensorReport
+
+__all__ = ["PART_TYPES", "read_part_index", "decompose_shard"]
+
+# Types a part may carry: what llama.cpp runs and the policy may choose.
+PART_TYPES = ("TQ2_0", "TQ1_0", "F16", "BF16", "F32", "Q8_0")
+_VERIFY_TOLERANCE = 1e-3  # relative slack between torch's error and numpy's dequantized error
+
+log = logging.getLogger(__name__)
+
+
+def read_part_index(path: Path, label: str | None = None) -> PartIndex:
+    """The index of a part file, checked against its stored tensors; IntegrityError if it is not one."""
+    return PartIndex.load(path, label or path.name, tensor_nbytes, PART_TYPES)
+
+
+@dataclass
+class _Probe:
+    """The smallest ternary tensor of a part, kept to check the written bytes against its source."""
+
+    name: str = ""
+    weight: torch.Tensor | None = None
+    rel_error: float = 0.0
+
+
+def _encode(
+    name: str, weight: torch.Tensor, decision: TensorDecision, recipe: Recipe, device: torch.device,
+    out: npt.NDArray[np.uint8] | None = None,
+) -> tuple[npt.NDArray[np.uint8], TensorReport]:
+    """Bytes in the decided type plus the tensor's report line; ternary bytes land in ``out`` if given."""
+    shape = tuple(weight.shape)
+    n_params = weight.numel()
+    if decision.is_ternary:
+        try:
+            result = decompose_packed(weight, decision.ggml_type, recipe.method, irls_iters=recipe.irls_iters,
+                                      device=device, out=out)
+        except ValueError as exc:
+            raise InputError(f"{name}: cannot decompose into {decision.ggml_type}: {exc}") from exc
+        raw = result.raw
+        sq_error, absmean_sq, sq_norm = result.sq_error, result.absmean_sq_error, result.sq_norm
+        sparsity, rel, absmean_rel = result.sparsity, result.rel_error, result.absmean_rel_error
+        n_zero = result.n_zero
+    else:
+        weight = weight.to(torch.float32)  # 16-bit sources arrive as stored
+        try:
+            raw = encode_plain(weight, decision.ggml_type)
+        except ValueError as exc:
+            raise InputError(
+                f"{name}: cannot store as {decision.ggml_type}: {exc}; choose another type for it "
+                "(recipe options embed_type / output_type / fallback_type)"
+            ) from exc
+        back = torch.from_numpy(decode_bytes(raw, decision.ggml_type, shape))
+        sq_error = float(((weight - back) ** 2).sum(dtype=torch.float64))
+        sq_norm = float((weight * weight).sum(dtype=torch.float64))
+        rel = (sq_error / sq_norm) ** 0.5 if sq_norm > 0 else 0.0
+        sparsity, absmean_rel, absmean_sq, n_zero = None, None, None, 0
+    line = TensorReport(
+        name=name, shape=list(shape), ggml_type=decision.ggml_type, is_ternary=decision.is_ternary,
+        is_fallback=decision.is_fallback, reason=decision.reason, n_params=n_params, n_bytes=int(raw.size),
+        bits_per_weight=bits_per_weight(decision.ggml_type), rel_error=rel, sparsity=sparsity,
+        absmean_rel_error=absmean_rel, sq_error=sq_error, absmean_sq_error=absmean_sq, sq_norm=sq_norm,
+        n_zero=n_zero,
+    )
+    return raw, line
+
+
+def _write_tensor(handle: BinaryIO, name: str, raw: npt.NDArray[np.uint8], expected_bytes: int) -> None:
+    if raw.size != expected_bytes:
+        raise IntegrityError(f"{name}: encoded {raw.size} bytes but the plan reserved {expected_bytes}")
+    handle.write(np.ascontiguousarray(raw).data)
+
+
+def _plan_index(planned: list[Any], decisions: Mapping[str, TensorDecision]) -> PartIndex:
+    entries = []
+    for item in planned:
+        ggml_type = decisions[item.gguf_name].ggml_type
+        try:
+            n_bytes = tensor_nbytes(ggml_type, item.shape)
+        except ValueError as exc:
+            raise InputError(
+                f"{item.gguf_name}: shape {list(item.shape)} does not fit {ggml_type}: {exc}"
+            ) from exc
+        entries.append(PartEntry(item.gguf_name, ggml_type, tuple(item.shape), n_bytes))
+    return PartIndex(tuple(entries))
+
+
+def _verify_part(path: Path, planned: PartIndex, probe: _Probe) -> None:
+    """Reopen a written part: size, index against the plan, and one ternary tensor's error."""
+    if path.stat().st_size != planned.file_size_bytes:
+        raise IntegrityError(
+            f"{path.name}: {path.stat().st_size} bytes on disk, expected {planned.file_size_bytes}"
+        )
+    written = read_part_index(path)
+    if [(e.gguf_name, e.ggml_type, e.shape, e.n_bytes) for e in written.entries] != [
+        (e.gguf_name, e.ggml_type, e.shape, e.n_bytes) for e in planned.entries
+    ]:
+        raise IntegrityError(f"{path.name}: the index read back differs from the plan")
+    if probe.weight is None:
+        return
+    entry = written.by_name()[probe.name]
+    raw = np.empty(entry.n_bytes, np.uint8)
+    with open(path, "rb") as handle:
+        pread_exact(handle.fileno(), raw.data, int(entry.offset or 0))
+    values = torch.from_numpy(decode_bytes(raw, entry.ggml_type, entry.shape))
+    w = probe.weight
+    norm = float(torch.linalg.vector_norm(w.double()))
+    rel = float(torch.linalg.vector_norm((w - values).double())) / norm if norm > 0 else 0.0
+    if abs(rel - probe.rel_error) > _VERIFY_TOLERANCE * max(probe.rel_error, 1e-3):
+        raise IntegrityError(
+            f"{path.name}: {probe.name} read back with relative error {rel:.6g}, "
+            f"but decomposition reported {probe.rel_error:.6g}"
+        )
+
+
+def decompose_shard(
+    source: Any, card: ModelCard, files: Mapping[str, Path], shard: str, final: Path,
+    planned: list[Any], decisions: Mapping[str, TensorDecision], recipe: Recipe, device: torch.device,
+) -> list[TensorReport]:
+    """Stream one source shard into one part file at ``final``; returns its report lines."""
+    index = _plan_index(planned, decisions)
+    ternary = [e for e in index.entries if decisions[e.gguf_name].is_ternary]
+    probe = _Probe(name=min(ternary, key=lambda e: int(np.prod(e.shape))).gguf_name if ternary else "")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    rows: list[TensorReport] = []
+    # One buffer for every ternary tensor's bytes: the stream allocates nothing per tensor.
+    out = np.empty(max((e.n_bytes for e in ternary), default=0), np.uint8)
+    with atomic_path(final) as partial, open(partial, "wb") as handle:
+        handle.write(index.header_bytes())
+        stream = source.iter_tensors(card, files, shard, **_stream_options(source))
+        planned_next = iter(index.entries)
+        # Not zip(): it keeps the previous pair alive while fetching the next, so the source
+        # could not reuse that tensor's memory.
+        for got_name, weight in stream:
+            planned_entry = next(planned_next, None)
+            if planned_entry is None:
+                raise IntegrityError(f"shard {shard!r}: the source gave {got_name} beyond the plan")
+            name, shape, n_bytes = planned_entry.gguf_name, planned_entry.shape, planned_entry.n_bytes
+            if got_name != name or tuple(weight.shape) != shape:
+                raise IntegrityError(f"shard {shard!r}: expected {name} {list(shape)} next, "
+                                     f"source gave {got_name} {list(weight.shape)}")
+            raw, line = _encode(name, weight, decisions[name], recipe, device, out)
+            _write_tensor(handle, name, raw, n_bytes)
+            if name == probe.name:
+                probe.weight, probe.rel_error = weight.clone(), line.rel_error
+            rows.append(line)
+            log.debug("stage decompose: %s %s -> %s rel_error=%.4f", name, list(shape), line.ggml_type,
+                      line.rel_error)
+            del weight, raw
+        missing = next(planned_next, None)
+        if missing is not None:
+            raise IntegrityError(
+                f"shard {shard!r}: the source ended before planned tensor {missing.gguf_name}"
+            )
+    _verify_part(final, index, probe)
+    return rows
+
+
+def _stream_options(source: Any) -> dict[str, Any]:
+    """16-bit safetensors weights as stored: the fit reads bfloat16 directly, so no float32 copy
+    of each tensor is made (a pass over memory saved, and half the peak memory)."""
+    from pipeline.formats.hf import checkpoint
+
+    return {"as_stored": True} if source is checkpoint else {}
