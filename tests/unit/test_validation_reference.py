@@ -63,10 +63,8 @@ def test_computed_tensors_come_from_the_converted_file(demo_checkpoint: Path, tm
     card = card_for_checkpoint(checkpoint)
     converted = _converted(checkpoint, card, tmp_path)
     files = {shard: checkpoint / shard for shard in card["shards"]}
-    ref = {
-        t.name: t
-        for t in GGUFFile(build_reference(ModelCard.from_dict(card), files, converted, tmp_path / "ref.gguf")).tensors
-    }
+    ref_path = build_reference(ModelCard.from_dict(card), files, converted, tmp_path / "ref.gguf")
+    ref = {t.name: t for t in GGUFFile(ref_path).tensors}
     conv = {t.name: t for t in GGUFFile(converted).tensors}
     assert ref["rope_freqs.weight"].tensor_type is gguf.GGMLQuantizationType.F32
     np.testing.assert_array_equal(ref["rope_freqs.weight"].data, conv["rope_freqs.weight"].data)
