@@ -165,7 +165,8 @@ def test_card_that_disagrees_with_the_file(mixed_gguf: Path, tmp_path: Path) -> 
     card = _card(mixed_gguf, tmp_path)
     card["tensors"][1]["dtype"] = "F16" if card["tensors"][1]["dtype"] != "F16" else "F32"
     with pytest.raises(IntegrityError, match="the model card says"):
-        list(gguf_source.iter_tensors(ModelCard.from_dict(card), {mixed_gguf.name: mixed_gguf}, mixed_gguf.name))
+        list(gguf_source.iter_tensors(ModelCard.from_dict(card), {mixed_gguf.name: mixed_gguf},
+                                      mixed_gguf.name))
     card["tensors"][1]["dtype"] = "I32"
     with pytest.raises(InputError, match="gguf cannot dequantize"):
         gguf_source.tensor_plan(ModelCard.from_dict(card))
