@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pipeline.artifacts.store import StoredArtifact, check_digest
 from pipeline.core.errors import IntegrityError
+from pipeline.core.files import commit_file
 
 __all__ = ["LocalStore"]
 
@@ -51,7 +52,7 @@ class LocalStore:
             final.parent.mkdir(parents=True, exist_ok=True)
             if not final.exists():
                 os.chmod(tmp, 0o444)
-                os.replace(tmp, final)
+                commit_file(tmp, final, exclusive=True)  # equal bytes under an equal key: keep the first
             return StoredArtifact(sha256, size, final.as_uri())
         finally:
             tmp.unlink(missing_ok=True)
@@ -80,8 +81,6 @@ class LocalStore:
                 digest.update(chunk)
                 dst.write(chunk)
                 size += len(chunk)
-            dst.flush()
-            os.fsync(dst.fileno())
         return digest.hexdigest(), size
 
     def has(self, sha256: str) -> bool:

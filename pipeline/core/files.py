@@ -45,7 +45,7 @@ def _fsync_dir(folder: Path) -> None:
 def commit_file(tmp: Path, dest: Path, *, exclusive: bool = False) -> bool:
     """Flush `tmp` to disk and rename it to `dest`; returns False (and drops `tmp`) when
     `exclusive` and `dest` already exists, so a stored file is never replaced."""
-    with open(tmp, "rb+") as handle:
+    with open(tmp, "rb") as handle:  # fsync needs no write access
         os.fsync(handle.fileno())
     if exclusive:
         try:

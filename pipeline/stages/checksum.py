@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import InputError, IntegrityError
-from pipeline.core.files import safe_relpath
+from pipeline.formats.manifest import MANIFEST_NAME, FileDigest, Manifest
+from pipeline.formats.sums import SUMS_NAME, parse_sha256sums
 from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult, inputs_of
 
 __all__ = [
@@ -40,34 +40,20 @@ __all__ = [
     "Params",
     "hash_file",
     "make_params",
-    "parse_sha256sums",
     "run",
 ]
 
 NAME = "checksum"
 VERSION = "1"
-MANIFEST_NAME = "manifest.json"
-SUMS_NAME = "SHA256SUMS"
 _HUB_FILES_NAME = "hub_files.json"  # written by the download stage
 _MAX_REFERENCE_BYTES = 64 * 1024 * 1024  # a sums file or listing larger than this is not one
 _MAX_REPORTED = 20
 
-_GNU_LINE = re.compile(r"(?P<hex>[0-9a-fA-F]{64}) [ *](?P<name>.+)")
-_BSD_LINE = re.compile(r"SHA256 \((?P<name>.+)\) = (?P<hex>[0-9a-fA-F]{64})")
 
 
 @dataclass(frozen=True)
 class Params:
     """The checksum stage has no knobs: what to verify against comes from the snapshot."""
-
-
-@dataclass(frozen=True)
-class FileDigest:
-    """A file's content sha256 (hex) and size."""
-
-    name: str
-    sha256: str
-    size_bytes: int
 
 
 def make_params(job: JobSpec) -> Params:
@@ -81,36 +67,6 @@ def hash_file(name: str, path: Path) -> FileDigest:
         size_bytes = os.fstat(handle.fileno()).st_size
         digest = hashlib.file_digest(handle, "sha256").hexdigest()
     return FileDigest(name=name, sha256=digest, size_bytes=size_bytes)
-
-
-def parse_sha256sums(text: str, *, source_name: str = SUMS_NAME) -> dict[str, str]:
-    """Map of name -> lowercase hex from a sha256sum-style file.
-
-    Accepts GNU lines (``<hex>  <name>``, ``<hex> *<name>``) and BSD lines
-    (``SHA256 (<name>) = <hex>``); blank lines and ``#`` comments are skipped.
-    Raises IntegrityError for malformed lines or one name listed with two digests, and
-    InputError for names that leave the snapshot.
-    """
-    sums: dict[str, str] = {}
-    for line_no, raw in enumerate(text.splitlines(), start=1):
-        line = raw.rstrip("\r")
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        match = _GNU_LINE.fullmatch(line) or _BSD_LINE.fullmatch(line)
-        if match is None:
-            raise IntegrityError(
-                f"{source_name} line {line_no}: {line[:120]!r} is not '<sha256 hex>  <name>'; "
-                "fix or remove the file"
-            )
-        name = match.group("name")
-        while name.startswith("./"):
-            name = name[2:]
-        name = safe_relpath(name).as_posix()
-        digest = match.group("hex").lower()
-        if sums.get(name, digest) != digest:
-            raise IntegrityError(f"{source_name} lists {name!r} twice with different digests")
-        sums[name] = digest
-    return sums
 
 
 def run(
@@ -155,7 +111,7 @@ def run(
         warnings.append("no SHA256SUMS and no hub metadata: digests recorded but not verified")
 
     total_bytes = sum(d.size_bytes for d in snapshot.values())
-    output = _write_manifest(workdir, snapshot, verified_against, total_bytes)
+    output = _write_manifest(workdir, snapshot, verified_against)
     metrics = {
         "file_count": len(snapshot),
         "total_bytes": total_bytes,
@@ -245,20 +201,9 @@ def _compare_hub(
 
 
 def _write_manifest(
-    workdir: Path, snapshot: Mapping[str, FileDigest], verified_against: list[str], total_bytes: int
+    workdir: Path, snapshot: Mapping[str, FileDigest], verified_against: list[str]
 ) -> OutputFile:
-    document = {
-        "files": [
-            {"name": d.name, "sha256": d.sha256, "size_bytes": d.size_bytes}
-            for d in sorted(snapshot.values(), key=lambda d: d.name)
-        ],
-        "verified_against": verified_against,
-        "total_bytes": total_bytes,
-    }
+    manifest = Manifest(tuple(snapshot[name] for name in sorted(snapshot)), tuple(verified_against))
     path = workdir / MANIFEST_NAME
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    if json.loads(path.read_text(encoding="utf-8")) != document:
-        raise IntegrityError(f"{path}: re-read manifest differs from what was written")
+    manifest.write(path)
     return OutputFile(name=MANIFEST_NAME, path=path, kind="manifest", media_type="application/json")

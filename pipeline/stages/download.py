@@ -15,7 +15,6 @@ Hostile names (``..``, absolute paths, symlinks resolving outside the source) ar
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -28,7 +27,7 @@ from typing import Any, Literal
 
 from pipeline.clients.hub import HfHubClient, HubClient, HubFile
 from pipeline.core.errors import InputError, IntegrityError
-from pipeline.core.files import safe_relpath
+from pipeline.core.files import atomic_path, safe_relpath, write_json
 from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult
 
 __all__ = [
@@ -275,9 +274,8 @@ def _materialise(found: list[tuple[str, Path]], dest: Path) -> tuple[list[Output
             link_count += 1
         except OSError:
             # Other file system, or hard links forbidden: copy under a temp name, then rename.
-            tmp = dst.with_name(dst.name + ".partial")
-            shutil.copyfile(src, tmp)
-            os.replace(tmp, dst)
+            with atomic_path(dst) as tmp:
+                shutil.copyfile(src, tmp)
         actual_size = dst.stat().st_size
         if actual_size != expected_size:
             raise IntegrityError(
@@ -310,9 +308,5 @@ def _write_hub_files(workdir: Path, metrics: Mapping[str, Any], hub_files: list[
         ],
     }
     path = workdir / HUB_FILES_NAME
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    if json.loads(path.read_text(encoding="utf-8")) != document:
-        raise IntegrityError(f"{path}: re-read content differs from what was written")
+    write_json(path, document, indent=2, sort_keys=True)
     return OutputFile(name=HUB_FILES_NAME, path=path, kind="hub-metadata", media_type="application/json")

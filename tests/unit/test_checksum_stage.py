@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.errors import InputError, IntegrityError
+from pipeline.formats.sums import parse_sha256sums
 from pipeline.stages import checksum
 from pipeline.stages.base import InputFile
 
@@ -96,7 +97,7 @@ def test_sha256sums_traversal_name(tmp_path: Path) -> None:
 def test_parse_sha256sums_conflicting_duplicates() -> None:
     text = f"{'a' * 64}  x\n{'b' * 64}  x\n"
     with pytest.raises(IntegrityError, match="twice"):
-        checksum.parse_sha256sums(text)
+        parse_sha256sums(text)
 
 
 def _hub_files(entries: list[dict[str, object]]) -> bytes:

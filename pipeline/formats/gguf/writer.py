@@ -28,6 +28,7 @@ import gguf
 import numpy as np
 
 from pipeline.core.errors import InputError, IntegrityError
+from pipeline.core.files import atomic_path
 from pipeline.formats.gguf.keys import LLM, Attention, General, Rope, arch_key
 from pipeline.formats.rawio import copy_range
 
@@ -280,7 +281,13 @@ def write_gguf(
     if dest.exists():
         raise InputError(f"{dest} already exists; artifacts are never overwritten")
     _check_tensors(tensors)
-    tmp = dest.with_name(f".{dest.name}.partial")
+    with atomic_path(dest) as tmp:
+        _write(tmp, arch, metadata, tensors)
+    types = Counter(item.ggml_type.name for item in tensors)
+    return WrittenGGUF(dest, dest.stat().st_size, len(tensors), dict(sorted(types.items())))
+
+
+def _write(tmp: Path, arch: str, metadata: Mapping[str, Any], tensors: Sequence[TensorToWrite]) -> None:
     writer = gguf.GGUFWriter(tmp, arch)
     try:
         for key, value in metadata.items():
@@ -310,10 +317,6 @@ def write_gguf(
             pos += _pad(fd, pos, writer.data_alignment)
         finally:
             os.close(fd)
-        os.replace(tmp, dest)
     except BaseException:
         writer.close()
-        tmp.unlink(missing_ok=True)
         raise
-    types = Counter(item.ggml_type.name for item in tensors)
-    return WrittenGGUF(dest, dest.stat().st_size, len(tensors), dict(sorted(types.items())))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import IntegrityError
+from pipeline.core.files import atomic_path, write_json
 from pipeline.stages.base import OutputFile, StageResult
 from pipeline.ternary.report import TensorReport, build_report, render_plot
 
@@ -27,8 +28,9 @@ def finish_report(
 ) -> tuple[list[OutputFile], dict[str, Any], tuple[str, ...]]:
     """Write report.json and sparsity.png for these tensors; returns outputs, metrics, warnings."""
     report = build_report(rows, dict(header))
-    (workdir / REPORT_NAME).write_text(json.dumps(report, indent=1, allow_nan=False) + "\n", encoding="utf-8")
-    (workdir / PLOT_NAME).write_bytes(render_plot(report))
+    write_json(workdir / REPORT_NAME, report, indent=1, allow_nan=False)
+    with atomic_path(workdir / PLOT_NAME) as tmp:
+        tmp.write_bytes(render_plot(report))
     totals = report["totals"]
     metrics = {
         "sparsity": totals["sparsity"], "rel_error": totals["rel_error"],

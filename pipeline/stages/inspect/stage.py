@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import InputError, IntegrityError
-from pipeline.formats.jsonfile import load_json
+from pipeline.formats.manifest import Manifest
 from pipeline.formats.model_card import CARD_NAME
 from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult, inputs_of
 from pipeline.stages.inspect.gguf_card import gguf_card
@@ -97,11 +97,7 @@ def _check_against_manifest(files: Mapping[str, InputFile], manifest_input: Inpu
         raise InputError(f"inspect needs {_MANIFEST_KEY} from the checksum stage; run checksum first")
     if not files:
         raise InputError("inspect: no download/<name> inputs; the download stage produced nothing")
-    manifest = load_json(manifest_input.path, "checksum manifest.json", error=IntegrityError)
-    try:
-        recorded = {entry["name"]: entry["sha256"] for entry in manifest["files"]}
-    except (KeyError, TypeError) as exc:
-        raise IntegrityError(f"checksum manifest.json is malformed ({exc})") from exc
+    recorded = Manifest.load(manifest_input.path, _MANIFEST_KEY).digests()
     for name, item in sorted(files.items()):
         if name not in recorded:
             raise IntegrityError(f"{name}: not in the checksum manifest; it was never verified")

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import InputError, IntegrityError, PipelineError
+from pipeline.core.files import write_json
 from pipeline.formats.model_card import ModelCard
 from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult, inputs_of
 from pipeline.stages.validate.judge import Check, first_answer, repetition_of, verdict_of
@@ -368,9 +369,7 @@ def _load_report(inputs: Mapping[str, InputFile]) -> dict[str, Any] | None:
 
 def _write_report(workdir: Path, report: Mapping[str, Any]) -> Path:
     dest = workdir / OUTPUT_NAME
-    tmp = workdir / f".{OUTPUT_NAME}.partial"
-    tmp.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, dest)
+    write_json(dest, report, indent=1, sort_keys=True)
     return dest
 
 
