@@ -13,8 +13,8 @@ from pipeline.core.states import JobState, StageState
 from pipeline.db import repo
 from pipeline.db.session import session_scope
 from pipeline.orchestration.embedded import StageEvent, run_job
-from pipeline.orchestration.execution import Runtime
 from pipeline.orchestration.job_control import JobRequest, create_jobs
+from pipeline.orchestration.runtime import Runtime
 
 __all__ = ["convert_source", "run_and_report"]
 

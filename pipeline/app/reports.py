@@ -11,7 +11,7 @@ from rich.table import Table
 from pipeline.app import views
 from pipeline.db import repo
 from pipeline.db.session import session_scope
-from pipeline.orchestration.execution import Runtime
+from pipeline.orchestration.runtime import Runtime
 
 __all__ = ["print_jobs", "print_job", "watch_jobs"]
 

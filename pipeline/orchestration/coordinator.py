@@ -11,35 +11,43 @@ from enum import StrEnum
 
 from pipeline.core.states import STAGE_ORDER, StageName, StageState, downstream_of
 
-__all__ = ["Action", "Decision", "next_step", "progress", "retry_stages"]
+__all__ = ["StepKind", "Step", "next_step", "progress", "retry_stages"]
 
 _DONE = frozenset({StageState.SUCCEEDED, StageState.SKIPPED_CACHED})
 
 
-class Action(StrEnum):
-    RUN = "run"  # the stage has no attempt yet, or a pending one: start it
+class StepKind(StrEnum):
+    """What comes next for a job: the one vocabulary of the coordinator and of `progression`."""
+
+    RUN = "run"  # an attempt is ready (no attempt yet, or a pending one): run or send it
     WAIT = "wait"  # an attempt is queued or running
-    STOPPED = "stopped"  # the newest attempt failed or was cancelled: the job stops here
+    STOPPED = "stopped"  # the newest attempt failed or was cancelled; `progression` decides what follows
     DONE = "done"  # every stage succeeded
+    FAILED = "failed"  # stopped for good: no retry left
+    CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True)
-class Decision:
-    action: Action
+class Step:
+    """A job's next step; ``run_id`` and ``delay_s`` are filled in once an attempt row exists."""
+
+    kind: StepKind
     stage: StageName | None = None
+    run_id: int | None = None
+    delay_s: float = 0.0
 
 
-def next_step(latest: Mapping[StageName, StageState]) -> Decision:
-    """Walk the stages in order; the first one not done decides."""
+def next_step(latest: Mapping[StageName, StageState]) -> Step:
+    """Walk the stages in order; the first one not done decides (RUN, WAIT, STOPPED or DONE)."""
     for stage in STAGE_ORDER:
         state = latest.get(stage)
         if state is None or state is StageState.PENDING:
-            return Decision(Action.RUN, stage)
+            return Step(StepKind.RUN, stage)
         if state in (StageState.QUEUED, StageState.RUNNING):
-            return Decision(Action.WAIT, stage)
+            return Step(StepKind.WAIT, stage)
         if state in (StageState.FAILED, StageState.CANCELLED):
-            return Decision(Action.STOPPED, stage)
-    return Decision(Action.DONE)
+            return Step(StepKind.STOPPED, stage)
+    return Step(StepKind.DONE)
 
 
 def progress(latest: Mapping[StageName, StageState]) -> float:

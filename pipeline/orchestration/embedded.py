@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from pipeline.core.states import JobState, StageName, StageState
 from pipeline.db.models import StageRun
 from pipeline.db.session import session_scope
-from pipeline.orchestration.execution import Runtime, execute_run
-from pipeline.orchestration.progression import StepKind, advance_job
+from pipeline.orchestration.coordinator import StepKind
+from pipeline.orchestration.execution import execute_run
+from pipeline.orchestration.progression import advance_job
+from pipeline.orchestration.runtime import Runtime
 
 __all__ = ["run_job", "StageEvent"]
 

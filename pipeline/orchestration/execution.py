@@ -7,64 +7,36 @@ outcome handling of its own.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import inspect
 import json
 import logging
-import os
 import shutil
-import socket
-import threading
-import traceback
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
 
 from pipeline.artifacts.store import ArtifactStore
-from pipeline.core.errors import InputError, error_kind
+from pipeline.core.errors import InputError
 from pipeline.core.states import StageName, StageState
 from pipeline.db import repo
 from pipeline.db.models import Job, StageRun, utcnow
 from pipeline.db.session import session_scope
 from pipeline.orchestration import fanout
-from pipeline.provenance import signing
-from pipeline.provenance import statements as provenance
+from pipeline.orchestration.heartbeat import Heartbeat
+from pipeline.orchestration.recording import plain, record_failure, record_success, reuse_cached
+from pipeline.orchestration.runtime import Runtime
 from pipeline.stages import UPSTREAM, load_stage
 from pipeline.stages.base import InputFile, JobSpec, StageResult
 
-__all__ = ["Runtime", "execute_run", "join_parent", "cache_key", "gather_inputs"]
+__all__ = ["execute_run", "join_shards", "cache_key", "gather_inputs"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Runtime:
-    """What a process that runs stages holds: the database, the store, scratch space, clients."""
-
-    sessions: sessionmaker[Session]
-    store: ArtifactStore
-    work_root: Path
-    # host:pid, so an operator (or a test) can tell which process ran an attempt.
-    worker_host: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
-    # Outside-world clients (the hub) passed to the stages whose run() accepts them.
-    clients: Mapping[str, Any] = field(default_factory=dict)
-    # Seconds between heartbeats of a running stage; the reconciler's timeout is larger.
-    heartbeat_s: float = 10.0
-    # Attempts of one stage before its job fails, and the first retry delay (doubling).
-    max_attempts: int = 3
-    retry_base_s: float = 5.0
-    stage_package: str = "pipeline.stages"
-    # Ed25519 private key: when set, every statement is signed (DSSE) as it is recorded.
-    signing_key: Any | None = None
-    # Distributed mode: sends shard child runs to workers; None decomposes shards in-process.
-    fanout_dispatch: Callable[[list[int]], None] | None = None
 
 
 def cache_key(stage: StageName, version: str, params: Any, inputs: Mapping[str, InputFile]) -> str:
@@ -72,19 +44,11 @@ def cache_key(stage: StageName, version: str, params: Any, inputs: Mapping[str, 
     payload = {
         "stage": stage.value,
         "version": version,
-        "params": _plain(params),
+        "params": plain(params),
         "inputs": {name: item.sha256 for name, item in sorted(inputs.items())},
     }
     blob = json.dumps(payload, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()
-
-
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if isinstance(value, Mapping):
-        return {key: _plain(item) for key, item in value.items()}
-    return value
 
 
 def gather_inputs(session: Session, store: ArtifactStore, job: Job, stage: StageName) -> dict[str, InputFile]:
@@ -153,7 +117,7 @@ def execute_run(rt: Runtime, run_id: int, use_cache: bool = True) -> StageState:
     workdir = rt.work_root / f"job{job_id}-{stage.value}-attempt{attempt}-run{run_id}"
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    heartbeat = _Heartbeat(rt, run_id)
+    heartbeat = Heartbeat(rt, run_id)
     try:
         with heartbeat:
             result = module.run(params, inputs, workdir, **_clients_for(module.run, rt.clients))
@@ -164,7 +128,7 @@ def execute_run(rt: Runtime, run_id: int, use_cache: bool = True) -> StageState:
                 log.warning("job %s stage %s: run %s is %s; outputs discarded",
                             job_id, stage.value, run_id, run.status)
                 return StageState(run.status)
-            _record_success(rt, session, run, module.VERSION, params, spec, inputs, result)
+            record_success(rt, session, run, module.VERSION, params, spec, inputs, result)
         return StageState.SUCCEEDED
     except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded outcome
         log.warning("job %s stage %s: attempt %s failed: %s", job_id, stage.value, attempt, exc)
@@ -172,7 +136,7 @@ def execute_run(rt: Runtime, run_id: int, use_cache: bool = True) -> StageState:
             run = _lock_run(session, run_id)
             if run.status != StageState.RUNNING.value:
                 return StageState(run.status)
-            _record_failure(session, run, exc)
+            record_failure(session, run, exc)
         return StageState.FAILED
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -190,7 +154,7 @@ def _claim(rt: Runtime, run_id: int, use_cache: bool) -> _Claimed | _FannedOut |
             module = load_stage(stage, rt.stage_package)
             params = module.make_params(JobSpec(job.source, job.recipe, job.params))
             if run.shard:
-                params = dataclasses.replace(params, shards=(run.shard,))
+                params = replace(params, shards=(run.shard,))
             inputs = gather_inputs(session, rt.store, job, stage)
             key = _cache_key_for(module, stage, params, inputs, rt.clients)
         except SQLAlchemyError:
@@ -198,7 +162,7 @@ def _claim(rt: Runtime, run_id: int, use_cache: bool) -> _Claimed | _FannedOut |
         except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded outcome
             if repo.claim_run(session, run_id, rt.worker_host):
                 session.refresh(run)
-                _record_failure(session, run, exc)
+                record_failure(session, run, exc)
                 return StageState.FAILED
             session.refresh(run)
             return StageState(run.status)
@@ -209,7 +173,7 @@ def _claim(rt: Runtime, run_id: int, use_cache: bool) -> _Claimed | _FannedOut |
             return StageState(run.status)
         session.refresh(run)
         if key is not None and use_cache and not run.is_forced:
-            if _reuse_cached(session, rt.store, run, key):
+            if reuse_cached(session, rt.store, run, key):
                 log.info("job %s stage %s: reused outputs of an equal earlier run", job.id, stage.value)
                 return StageState.SKIPPED_CACHED
             fresh_after = utcnow() - timedelta(seconds=rt.heartbeat_s * 3)
@@ -230,7 +194,7 @@ def _spec(job: Job) -> dict[str, Any]:
     return {"source": job.source, "recipe": job.recipe, "options": job.params}
 
 
-def join_parent(rt: Runtime, parent_id: int) -> fanout.JoinOutcome:
+def join_shards(rt: Runtime, parent_id: int) -> fanout.JoinOutcome:
     """After a shard child finished: retry it, fail the parent, or merge the shards into it."""
 
     def record(
@@ -239,11 +203,11 @@ def join_parent(rt: Runtime, parent_id: int) -> fanout.JoinOutcome:
         module = load_stage(StageName(parent.stage), rt.stage_package)
         job = parent.job
         params = module.make_params(JobSpec(job.source, job.recipe, job.params))
-        _record_success(rt, session, parent, module.VERSION, params, _spec(job), inputs, result)
+        record_success(rt, session, parent, module.VERSION, params, _spec(job), inputs, result)
 
     try:
         with session_scope(rt.sessions) as session:
-            return fanout.join(session, rt.store, parent_id, rt.max_attempts, record)
+            return fanout.settle_parent(session, rt.store, parent_id, rt.max_attempts, record)
     except SQLAlchemyError:
         raise
     except Exception as exc:  # noqa: BLE001 - a merge that cannot succeed fails the parent, recorded
@@ -251,7 +215,7 @@ def join_parent(rt: Runtime, parent_id: int) -> fanout.JoinOutcome:
         with session_scope(rt.sessions) as session:
             parent = _lock_run(session, parent_id)
             if parent.status == StageState.RUNNING.value:
-                _record_failure(session, parent, exc)
+                record_failure(session, parent, exc)
         return fanout.JoinOutcome(parent_state=StageState.FAILED)
 
 
@@ -271,31 +235,6 @@ def _lock_run(session: Session, run_id: int) -> StageRun:
     ).scalar_one()
 
 
-class _Heartbeat:
-    """Stamps the run as alive every `rt.heartbeat_s` seconds while the stage works."""
-
-    def __init__(self, rt: Runtime, run_id: int) -> None:
-        self._rt, self._run_id = rt, run_id
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{run_id}", daemon=True)
-
-    def __enter__(self) -> _Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self._rt.heartbeat_s):
-            try:
-                with session_scope(self._rt.sessions) as session:
-                    repo.touch_heartbeat(session, self._run_id)
-            except Exception:  # noqa: BLE001 - a missed beat (database restarting) is not fatal
-                log.warning("run %s: heartbeat not recorded", self._run_id, exc_info=True)
-
-
 def _clients_for(func: Any, clients: Mapping[str, Any]) -> dict[str, Any]:
     accepted = inspect.signature(func).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
@@ -303,112 +242,3 @@ def _clients_for(func: Any, clients: Mapping[str, Any]) -> dict[str, Any]:
     return {name: client for name, client in clients.items() if name in accepted}
 
 
-def _reuse_cached(session: Session, store: ArtifactStore, run: StageRun, key: str) -> bool:
-    source = repo.find_cached_run(session, key, exclude_run_id=run.id)
-    if source is None:
-        return False
-    outputs = [link for link in source.links if link.direction == "out"]
-    if not all(store.has(link.artifact_sha256) for link in outputs):
-        return False  # the store lost bytes: recompute rather than hand out a hole
-    for link in outputs:
-        repo.link_artifact(session, run, "out", link.name, link.artifact)
-    _note_revision(run, source.metrics)
-    repo.set_stage_state(
-        session,
-        run,
-        StageState.SKIPPED_CACHED,
-        cache_key=key,
-        cached_from_id=source.id,
-        metrics=dict(source.metrics),
-        device=source.device,
-    )
-    return True
-
-
-def _record_success(
-    rt: Runtime,
-    session: Session,
-    run: StageRun,
-    stage_version: str,
-    params: Any,
-    spec: Mapping[str, Any],
-    inputs: Mapping[str, InputFile],
-    result: StageResult,
-) -> None:
-    finished_at = utcnow()
-    device = str(result.metrics.get("device", "cpu"))
-    facts = provenance.BuildFacts(
-        stage=run.stage,
-        stage_version=stage_version,
-        stage_run_id=run.id,
-        job_id=run.job_id,
-        attempt=run.attempt,
-        worker_host=rt.worker_host,
-        device=device,
-        started_at=run.started_at or finished_at,
-        finished_at=finished_at,
-        cache_key=run.cache_key,
-    )
-    input_refs = [(name, item.sha256, rt.store.uri(item.sha256)) for name, item in inputs.items()]
-    external = {
-        **spec,
-        "resolved_revision": run.job.resolved_revision,
-        "stage_parameters": _plain(params),
-    }
-    known = repo.artifacts_by_digest(session, {item.sha256 for item in inputs.values()})
-    for name, item in inputs.items():
-        stored = known.get(item.sha256) or repo.record_artifact(
-            session, item.sha256, item.size_bytes, rt.store.uri(item.sha256), "input",
-            "application/octet-stream", None,
-        )
-        repo.link_artifact(session, run, "in", name, stored)
-    for output in result.outputs:
-        stored_file = rt.store.put(output.path, expected_sha256=output.sha256)
-        artifact = repo.record_artifact(
-            session, stored_file.sha256, stored_file.size_bytes, stored_file.uri,
-            output.kind, output.media_type, run,
-        )
-        repo.link_artifact(session, run, "out", output.name, artifact)
-        statement = provenance.build_statement(output.name, artifact.sha256, external, input_refs, facts)
-        repo.add_provenance(session, artifact, run, statement)
-        if rt.signing_key is not None:
-            signing.store_envelope(session, rt.store, run, signing.sign_statement(statement, rt.signing_key))
-    _note_revision(run, result.metrics)
-    repo.set_stage_state(
-        session, run, StageState.SUCCEEDED,
-        metrics=_jsonable(result.metrics), warnings=list(result.warnings), device=device,
-    )
-
-
-def _note_revision(run: StageRun, metrics: Mapping[str, Any]) -> None:
-    if run.stage == StageName.DOWNLOAD.value and metrics.get("resolved_revision"):
-        run.job.resolved_revision = str(metrics["resolved_revision"])
-
-
-def _error_kind(exc: BaseException) -> str:
-    # A dropped database connection says nothing about the stage: another attempt may succeed.
-    if isinstance(exc, OperationalError | InterfaceError) or (
-        isinstance(exc, DBAPIError) and exc.connection_invalidated
-    ):
-        return "retryable"
-    return error_kind(exc)
-
-
-def _record_failure(session: Session, run: StageRun, exc: BaseException) -> None:
-    # A stage may attach the evidence of its failure (validate's whole report) as metrics.
-    evidence = getattr(exc, "metrics", None)
-    extra = {"metrics": _jsonable(evidence)} if isinstance(evidence, Mapping) else {}
-    repo.set_stage_state(
-        session,
-        run,
-        StageState.FAILED,
-        error_kind=_error_kind(exc),
-        error_message=f"{type(exc).__name__}: {exc}",
-        error_traceback="".join(traceback.format_exception(exc))[-20000:],
-        **extra,
-    )
-
-
-def _jsonable(metrics: Mapping[str, Any]) -> dict[str, Any]:
-    plain: dict[str, Any] = json.loads(json.dumps(dict(metrics), default=str))
-    return plain

@@ -29,7 +29,9 @@ from pipeline.formats.model_card import ModelCard
 from pipeline.stages.base import InputFile, OutputFile, StageResult
 from pipeline.stages.decompose.merge import REPORT_NAME, merge_part_reports
 
-__all__ = ["FANOUT_STAGES", "JoinOutcome", "shards_to_fan_out", "spawn_children", "latest_children", "join"]
+__all__ = [
+    "FANOUT_STAGES", "JoinOutcome", "shards_to_fan_out", "spawn_children", "latest_children", "settle_parent",
+]
 
 # Stages whose Params take `shards`, and so can run one shard per worker.
 FANOUT_STAGES = frozenset({StageName.DECOMPOSE})
@@ -73,7 +75,7 @@ def latest_children(session: Session, parent: StageRun) -> list[StageRun]:
     return list(latest.values())
 
 
-def join(session: Session, store: Any, parent_id: int, max_attempts: int,
+def settle_parent(session: Session, store: Any, parent_id: int, max_attempts: int,
          record: Any) -> JoinOutcome:
     """Decide on a parent whose children may all have finished.
 

@@ -8,9 +8,6 @@ restarted broker loses nothing: the reconciler calls the same function again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import StrEnum
-
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -18,28 +15,12 @@ from pipeline.core.states import JobState, StageName, StageState
 from pipeline.db import repo
 from pipeline.db.models import Job, StageRun
 from pipeline.orchestration import coordinator
-from pipeline.orchestration.coordinator import Action
+from pipeline.orchestration.coordinator import Step, StepKind
 
-__all__ = ["StepKind", "Step", "advance_job", "retry_delay_s", "WORKER_LOST"]
+__all__ = ["advance_job", "retry_delay_s", "WORKER_LOST"]
 
 # error_message prefix of attempts whose worker died or vanished.
 WORKER_LOST = "worker lost"
-
-
-class StepKind(StrEnum):
-    RUN = "run"  # an attempt is ready: run it (embedded) or send it (distributed)
-    WAIT = "wait"  # an attempt is already queued or running
-    DONE = "done"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-@dataclass(frozen=True)
-class Step:
-    kind: StepKind
-    run_id: int | None = None
-    stage: StageName | None = None
-    delay_s: float = 0.0
 
 
 def retry_delay_s(attempt: int, base_s: float, cap_s: float = 600.0) -> float:
@@ -69,14 +50,14 @@ def advance_job(
         return Step(StepKind.CANCELLED)
     latest = repo.latest_runs(session, job_id)
     decision = coordinator.next_step({stage: StageState(run.status) for stage, run in latest.items()})
-    if decision.action is Action.DONE:
+    if decision.kind is StepKind.DONE:
         repo.set_job_state(session, job, JobState.SUCCEEDED)
         return Step(StepKind.DONE)
     stage = decision.stage
     assert stage is not None
-    if decision.action is Action.WAIT:
-        return Step(StepKind.WAIT, latest[stage].id, stage)
-    if decision.action is Action.RUN:
+    if decision.kind is StepKind.WAIT:
+        return Step(StepKind.WAIT, stage, latest[stage].id)
+    if decision.kind is StepKind.RUN:
         pending = latest.get(stage)
         run = pending if pending is not None else repo.new_attempt(session, job, stage)
         return _ready(session, job, run, task_id, 0.0)
@@ -88,7 +69,7 @@ def advance_job(
         run = repo.new_attempt(session, job, stage)
         return _ready(session, job, run, task_id, retry_delay_s(failed.attempt, retry_base_s))
     repo.set_job_state(session, job, JobState.FAILED, error_message=_failure_reason(session, job, failed))
-    return Step(StepKind.FAILED, failed.id, stage)
+    return Step(StepKind.FAILED, stage, failed.id)
 
 
 def _ready(session: Session, job: Job, run: StageRun, task_id: str | None, delay_s: float) -> Step:
@@ -96,7 +77,7 @@ def _ready(session: Session, job: Job, run: StageRun, task_id: str | None, delay
         repo.set_job_state(session, job, JobState.RUNNING)
     if task_id is not None:
         repo.set_stage_state(session, run, StageState.QUEUED, task_id=task_id)
-    return Step(StepKind.RUN, run.id, StageName(run.stage), delay_s)
+    return Step(StepKind.RUN, StageName(run.stage), run.id, delay_s)
 
 
 def _failure_reason(session: Session, job: Job, failed: StageRun) -> str:

@@ -1,77 +1,57 @@
-"""Build the runtime (database, store, clients) a process needs, from Settings."""
+"""What a process that runs or starts stages holds, and the launcher contract it starts jobs through."""
 
 from __future__ import annotations
 
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import Engine
+import os
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
 
-from pipeline.artifacts.local import LocalStore
-from pipeline.core.errors import InputError
-from pipeline.core.settings import Settings
-from pipeline.db import migrate
-from pipeline.db.session import make_engine, make_sessionmaker
-from pipeline.orchestration.execution import Runtime
-from pipeline.provenance.signing import load_private_key
+from sqlalchemy.orm import Session, sessionmaker
 
-__all__ = ["build_runtime", "migrate_database", "engine_for", "forget_engines_after_fork"]
+from pipeline.artifacts.store import ArtifactStore
 
-
-_ENGINES: dict[str, Engine] = {}
+__all__ = ["Runtime", "Launcher"]
 
 
-def engine_for(url: str) -> Engine:
-    """One engine per URL per process."""
-    if url not in _ENGINES:
-        _ENGINES[url] = make_engine(url)
-    return _ENGINES[url]
+class Launcher(Protocol):
+    """Starts recorded jobs: runs them in this process (embedded) or sends them to workers (Celery)."""
+
+    is_embedded: bool
+
+    def start(self, job_id: int) -> None:
+        """Run or dispatch the job's remaining stages (after submit, or after a retry)."""
+
+    def revoke(self, task_ids: Sequence[str]) -> None:
+        """Stop running tasks of a cancelled job (embedded runs notice by themselves)."""
+
+    def shutdown(self) -> None:
+        """Stop taking work; queued jobs stay pending in the database."""
 
 
-def forget_engines_after_fork() -> None:
-    """In a forked child: drop the parent's pooled connections without closing its sockets."""
-    for engine in _ENGINES.values():
-        engine.dispose(close=False)
-    _ENGINES.clear()
+@dataclass(frozen=True)
+class Runtime:
+    """What a process that runs stages holds: the database, the store, scratch space, clients."""
 
-
-def migrate_database(settings: Settings) -> str:
-    """Apply migrations; returns the URL with any password hidden."""
-    settings.home.mkdir(parents=True, exist_ok=True)
-    engine = engine_for(settings.resolved_database_url)
-    migrate.upgrade(engine)
-    return engine.url.render_as_string(hide_password=True)
-
-
-def _require_current(engine: Engine) -> None:
-    head = ScriptDirectory.from_config(migrate.alembic_config(str(engine.url))).get_current_head()
-    with engine.connect() as connection:
-        current = MigrationContext.configure(connection).get_current_revision()
-    if current != head:
-        shown = engine.url.render_as_string(hide_password=True)
-        raise InputError(
-            f"database {shown} is at revision {current or 'none'}, code expects {head}; "
-            "run `bonsai db upgrade` first"
-        )
-
-
-def build_runtime(settings: Settings) -> Runtime:
-    """Everything a stage-running process holds. SQLite (embedded) migrates itself."""
-    url = settings.resolved_database_url
-    engine = engine_for(url)
-    if url.startswith("sqlite"):
-        migrate_database(settings)
-    else:
-        _require_current(engine)
-    from pipeline.clients.hub import HfHubClient
-
-    return Runtime(
-        sessions=make_sessionmaker(engine),
-        store=LocalStore(settings.resolved_artifact_root),
-        work_root=settings.resolved_work_root,
-        clients={"hub": HfHubClient(token=settings.hf_token)},
-        heartbeat_s=settings.heartbeat_s,
-        max_attempts=settings.max_attempts,
-        retry_base_s=settings.retry_base_s,
-        stage_package=settings.stage_package,
-        signing_key=load_private_key(settings.signing_key) if settings.signing_key else None,
-    )
+    sessions: sessionmaker[Session]
+    store: ArtifactStore
+    work_root: Path
+    # host:pid, so an operator (or a test) can tell which process ran an attempt.
+    worker_host: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    # Outside-world clients (the hub) passed to the stages whose run() accepts them.
+    clients: Mapping[str, Any] = field(default_factory=dict)
+    # Seconds between heartbeats of a running stage; the reconciler's timeout is larger.
+    heartbeat_s: float = 10.0
+    # Attempts of one stage before its job fails, and the first retry delay (doubling).
+    max_attempts: int = 3
+    retry_base_s: float = 5.0
+    stage_package: str = "pipeline.stages"
+    # Ed25519 private key: when set, every statement is signed (DSSE) as it is recorded.
+    signing_key: Any | None = None
+    # Distributed mode: sends shard child runs to workers; None decomposes shards in-process.
+    fanout_dispatch: Callable[[list[int]], None] | None = None
+    # How recorded jobs get run: in this process (embedded) or by Celery workers. Chosen once,
+    # in `bootstrap.build_runtime`; the CLI and the API only ask it to start jobs.
+    launcher: Launcher | None = None

@@ -18,7 +18,6 @@ them; the first one is the "first broken link" that `bonsai audit` names.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,8 +39,6 @@ __all__ = [
     "job_gguf",
     "audit_artifact",
     "statement_name",
-    "chain_statements",
-    "export_statements",
 ]
 
 _MIN_PREFIX = 6
@@ -370,57 +367,3 @@ def audit_artifact(
     _Walker(session, store, report, public_key).visit(name, sha256)
     report.elapsed_s = time.perf_counter() - started
     return report
-
-
-def chain_statements(
-    session: Session, store: ArtifactStore, sha256: str, *, is_chain: bool = True, public_key: Any = None
-) -> list[dict[str, Any]]:
-    """Every stored statement about `sha256` (and, with `is_chain`, about each input down the chain).
-
-    Each item: {"name", "sha256", "stage_run_id", "statement", "envelopes"}; envelopes are
-    the stored DSSE envelopes of that statement (empty when unsigned).
-    """
-    from pipeline.provenance.signing import envelopes_for
-
-    if is_chain:
-        report = audit_artifact(session, store, sha256, rehash=False, public_key=public_key)
-        wanted = [(node["name"], node["sha256"]) for node in report.nodes]
-    else:
-        wanted = [(sha256[:12], sha256)]
-    items = []
-    for name, digest in wanted:
-        for row in session.scalars(
-            select(Provenance).where(Provenance.artifact_sha256 == digest).order_by(Provenance.id)
-        ):
-            items.append(
-                {
-                    "name": statement_name(row.statement) or name,
-                    "sha256": digest,
-                    "stage_run_id": row.stage_run_id,
-                    "statement": row.statement,
-                    "envelopes": [e.envelope for e in envelopes_for(session, store, row)],
-                }
-            )
-    return items
-
-
-def export_statements(items: list[dict[str, Any]], out_dir: Path) -> list[Path]:
-    """Write each item as `<stage>.<name>.<sha12>.run<N>.intoto.json` (+ `.dsse.json` per envelope).
-
-    Returns the paths written. Names are made from the statement, never from user input
-    beyond it; slashes in artifact names become underscores.
-    """
-    folder = Path(out_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    written = []
-    for item in items:
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in item["name"].replace("/", "."))
-        stem = f"{safe}.{item['sha256'][:12]}.run{item['stage_run_id']}"
-        path = folder / f"{stem}.intoto.json"
-        path.write_text(json.dumps(item["statement"], indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        written.append(path)
-        for index, envelope in enumerate(item["envelopes"], 1):
-            signed = folder / f"{stem}.{index}.dsse.json"
-            signed.write_text(json.dumps(envelope, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-            written.append(signed)
-    return written

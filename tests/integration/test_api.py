@@ -2,7 +2,7 @@
 
 Jobs are real: a folder holding a config and a note runs download and checksum for real,
 then stops at inspect (no weights), in well under a second, through the API's own
-background runner.
+background launcher.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from pipeline.app.api.app import create_app
 from pipeline.app.api.auth import new_token
 from pipeline.core.settings import Settings
-from pipeline.orchestration.runtime import build_runtime, migrate_database
+from pipeline.orchestration.bootstrap import build_runtime, migrate_database
 
 pytestmark = pytest.mark.services
 
@@ -43,7 +43,7 @@ class Api:
         response = self.post("/api/jobs", {"source": str(self.source), "options": {"method": "absmean"}})
         assert response.status_code == 201, response.text
         [job_id] = response.json()["job_ids"]
-        self.app.state.runner.wait(job_id, timeout_s=60)
+        self.app.state.launcher.wait(job_id, timeout_s=60)
         detail = self.get(f"/api/jobs/{job_id}").json()
         assert detail["status"] == "failed", detail
         return detail  # type: ignore[no-any-return]
@@ -119,7 +119,7 @@ def test_submit_list_detail_retry_and_cancel(api: Api) -> None:
     retried = api.post(f"/api/jobs/{job_id}/retry", {"from_stage": "inspect"})
     assert retried.status_code == 200, retried.text
     assert len(retried.json()["run_ids"]) == 4  # inspect and the three stages after it
-    api.app.state.runner.wait(job_id, timeout_s=60)
+    api.app.state.launcher.wait(job_id, timeout_s=60)
     attempts = [
         (r["stage"], r["attempt"], r["status"]) for r in api.get(f"/api/jobs/{job_id}").json()["stages"]
     ]

@@ -22,16 +22,11 @@ from pipeline.core.settings import Settings
 from pipeline.db import repo
 from pipeline.db.models import Provenance, RunArtifact
 from pipeline.db.session import session_scope
+from pipeline.orchestration.bootstrap import build_runtime, migrate_database
 from pipeline.orchestration.embedded import run_job
-from pipeline.orchestration.execution import Runtime
-from pipeline.orchestration.runtime import build_runtime, migrate_database
-from pipeline.provenance.audit import (
-    audit_artifact,
-    chain_statements,
-    export_statements,
-    job_gguf,
-    resolve_artifact,
-)
+from pipeline.orchestration.runtime import Runtime
+from pipeline.provenance.audit import audit_artifact, job_gguf, resolve_artifact
+from pipeline.provenance.export import chain_statements, export_statements
 
 pytestmark = pytest.mark.services
 

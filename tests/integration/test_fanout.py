@@ -11,8 +11,8 @@ from pipeline.core.states import JobState
 from pipeline.db import repo
 from pipeline.db.session import session_scope
 from pipeline.demo.checkpoint import write_demo_checkpoint
+from pipeline.orchestration.bootstrap import build_runtime
 from pipeline.orchestration.embedded import run_job
-from pipeline.orchestration.runtime import build_runtime
 from tests.support.cluster import Cluster, store_is_clean
 from tests.support.sharding import shard_checkpoint
 

@@ -48,8 +48,8 @@ def converted(gemma_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     from pipeline.core.settings import Settings
     from pipeline.db import repo
     from pipeline.db.session import session_scope
+    from pipeline.orchestration.bootstrap import build_runtime
     from pipeline.orchestration.embedded import run_job
-    from pipeline.orchestration.runtime import build_runtime
 
     home = tmp_path_factory.mktemp("home")
     rt = build_runtime(Settings(home=home))

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from pipeline.app.cli import cli
-from pipeline.orchestration.distributed.celery_app import QUEUES
+from pipeline.orchestration.queues import QUEUES
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from pipeline.core.states import STAGE_ORDER, StageName, StageState
-from pipeline.orchestration.coordinator import Action, next_step, progress, retry_stages
+from pipeline.orchestration.coordinator import StepKind, next_step, progress, retry_stages
 
 S = StageState
 
@@ -12,7 +12,7 @@ def _done_until(stage: StageName) -> dict[StageName, StageState]:
 
 def test_new_job_starts_with_download() -> None:
     decision = next_step({})
-    assert decision.action is Action.RUN and decision.stage is StageName.DOWNLOAD
+    assert decision.kind is StepKind.RUN and decision.stage is StageName.DOWNLOAD
 
 
 def test_cached_counts_as_done() -> None:
@@ -23,13 +23,13 @@ def test_cached_counts_as_done() -> None:
 def test_failed_stage_stops_the_job() -> None:
     latest = _done_until(StageName.CHECKSUM) | {StageName.CHECKSUM: S.FAILED}
     decision = next_step(latest)
-    assert decision.action is Action.STOPPED and decision.stage is StageName.CHECKSUM
+    assert decision.kind is StepKind.STOPPED and decision.stage is StageName.CHECKSUM
 
 
 def test_running_stage_means_wait_and_all_done_means_done() -> None:
-    assert next_step(_done_until(StageName.PACKAGE) | {StageName.PACKAGE: S.RUNNING}).action is Action.WAIT
+    assert next_step(_done_until(StageName.PACKAGE) | {StageName.PACKAGE: S.RUNNING}).kind is StepKind.WAIT
     everything = {s: S.SUCCEEDED for s in STAGE_ORDER}
-    assert next_step(everything).action is Action.DONE
+    assert next_step(everything).kind is StepKind.DONE
     assert progress(everything) == 1.0
     assert progress(_done_until(StageName.INSPECT)) == 2 / 6
 

@@ -14,10 +14,10 @@ from pipeline.core.states import JobState, StageName
 from pipeline.db import repo
 from pipeline.db.models import Artifact, StageRun
 from pipeline.db.session import session_scope
+from pipeline.orchestration.bootstrap import build_runtime
 from pipeline.orchestration.embedded import run_job
-from pipeline.orchestration.execution import Runtime
 from pipeline.orchestration.job_control import cancel_job, read_manifest, retry_job
-from pipeline.orchestration.runtime import build_runtime
+from pipeline.orchestration.runtime import Runtime
 
 
 class FlakyHub:

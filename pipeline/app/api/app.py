@@ -22,10 +22,9 @@ from pipeline import __version__
 from pipeline.app.api import artifacts, jobs
 from pipeline.app.api.auth import ApiToken, TokenRedactingFilter, parse_tokens, require_scope
 from pipeline.app.api.metrics import make_registry, render_metrics
-from pipeline.app.api.runner import JobRunner
 from pipeline.core.errors import InputError, PipelineError
 from pipeline.core.settings import Settings
-from pipeline.orchestration.execution import Runtime
+from pipeline.orchestration.runtime import Runtime
 
 __all__ = ["create_app", "WEB_DIR"]
 
@@ -46,10 +45,10 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     from pipeline.provenance.signing import configured_public_key
 
     if runtime is None:
-        from pipeline.orchestration.runtime import build_runtime
+        from pipeline.orchestration.bootstrap import build_runtime
 
         runtime = build_runtime(settings)
-    runner = JobRunner(settings, runtime)
+    launcher = runtime.launcher
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -58,7 +57,8 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         if not any(isinstance(f, TokenRedactingFilter) for f in access.filters):
             access.addFilter(TokenRedactingFilter())
         yield
-        runner.shutdown()
+        if launcher is not None:
+            launcher.shutdown()
 
     app = FastAPI(
         title="Bonsai Pipeline",
@@ -69,7 +69,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         lifespan=lifespan,
         description="Submit checkpoints for ternary GGUF conversion and trace every artifact.",
     )
-    app.state.settings, app.state.rt, app.state.runner = settings, runtime, runner
+    app.state.settings, app.state.rt, app.state.launcher = settings, runtime, launcher
     app.state.tokens = parse_tokens(settings.api_tokens)
     app.state.public_key = configured_public_key(settings.signing_public_key, settings.signing_key)
     app.state.registry = make_registry(runtime.sessions)

@@ -1,7 +1,7 @@
 """Job routes: list and filter, detail, submit, retry from a stage, cancel.
 
 Each route validates the request, calls the same functions as the CLI (views,
-job_control, the runner) and returns their dicts: the API's JSON shapes are the CLI's
+job_control, the launcher) and returns their dicts: the API's JSON shapes are the CLI's
 `--json` shapes.
 """
 
@@ -20,6 +20,7 @@ from pipeline.core.states import JobState, StageName
 from pipeline.db.models import Job
 from pipeline.db.session import session_scope
 from pipeline.orchestration.job_control import JobRequest, cancel_job, retry_job
+from pipeline.orchestration.launcher import submit_jobs
 from pipeline.provenance.statements import redact
 
 __all__ = ["router"]
@@ -100,7 +101,7 @@ def submit(request: Request, token: Submitter, body: JobSubmission) -> dict[str,
 
     get_recipe(body.recipe, body.options)  # unknown recipe or bad knob: 400 before anything is recorded
     requests = [JobRequest(s, body.recipe, body.priority, body.options) for s in body.all_sources()]
-    job_ids = request.app.state.runner.submit(requests, submitted_by=f"api:{token.name}")
+    job_ids = submit_jobs(request.app.state.rt, requests, submitted_by=f"api:{token.name}")
     return {"job_ids": job_ids}
 
 
@@ -119,7 +120,7 @@ def retry(
     with session_scope(request.app.state.rt.sessions) as session:
         _job_or_404(session, job_id)
         run_ids = retry_job(session, job_id, body.from_stage, body.force)
-    request.app.state.runner.start(job_id)
+    request.app.state.launcher.start(job_id)
     return {"job_id": job_id, "run_ids": run_ids}
 
 
@@ -128,5 +129,5 @@ def cancel(request: Request, _token: Submitter, job_id: int) -> dict[str, Any]:
     with session_scope(request.app.state.rt.sessions) as session:
         _job_or_404(session, job_id)
         task_ids = cancel_job(session, job_id)
-    request.app.state.runner.revoke(task_ids)
+    request.app.state.launcher.revoke(task_ids)
     return {"job_id": job_id, "status": JobState.CANCELLED.value, "revoked": len(task_ids)}

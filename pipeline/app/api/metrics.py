@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from pipeline.core.states import JobState, StageState
 from pipeline.db.models import Job, StageRun
 from pipeline.db.session import session_scope
+from pipeline.orchestration.queues import QUEUE_OF
 
 __all__ = ["DatabaseCollector", "DURATION_BUCKETS_S", "make_registry", "render_metrics", "queue_of"]
 
@@ -32,9 +33,7 @@ DURATION_BUCKETS_S = (0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 
 
 
 def queue_of() -> dict[str, str]:
-    """Stage name -> worker queue, from the Celery routing table (imported only when scraped)."""
-    from pipeline.orchestration.distributed.celery_app import QUEUE_OF
-
+    """Stage name -> worker queue (the routing table; no Celery needed)."""
     return {stage.value: queue for stage, queue in QUEUE_OF.items()}
 
 

@@ -1,4 +1,4 @@
-"""The Celery app: broker from Settings, queues by resource, settings for long tasks.
+"""The Celery app, built on demand from Settings (never from the environment at import).
 
 The broker only carries "run stage run N"; the database holds everything else, so
 there is no result backend. Late acks with reject-on-worker-lost give a message back
@@ -8,45 +8,24 @@ delivery from making a second attempt.
 
 from __future__ import annotations
 
+from functools import cache
+
 from celery import Celery
 from kombu import Queue  # type: ignore[attr-defined]
 
 from pipeline.core.settings import Settings
-from pipeline.core.states import StageName
+from pipeline.orchestration.queues import QUEUE_OF, QUEUES, VISIBILITY_TIMEOUT_S, task_name
 
-__all__ = ["QUEUE_OF", "TIME_LIMITS_S", "QUEUES", "make_app", "app", "task_name"]
-
-QUEUES = ("io", "cpu", "gpu")
-
-QUEUE_OF: dict[StageName, str] = {
-    StageName.DOWNLOAD: "io",
-    StageName.CHECKSUM: "io",
-    StageName.INSPECT: "cpu",
-    StageName.PACKAGE: "cpu",
-    StageName.DECOMPOSE: "gpu",
-    StageName.VALIDATE: "gpu",
-}
-
-# (soft, hard) seconds per stage: soft raises inside the task, hard kills the child.
-TIME_LIMITS_S: dict[StageName, tuple[int, int]] = {
-    StageName.DOWNLOAD: (6 * 3600, 6 * 3600 + 300),
-    StageName.CHECKSUM: (2 * 3600, 2 * 3600 + 300),
-    StageName.INSPECT: (1800, 1900),
-    StageName.DECOMPOSE: (12 * 3600, 12 * 3600 + 300),
-    StageName.PACKAGE: (4 * 3600, 4 * 3600 + 300),
-    StageName.VALIDATE: (3600, 3900),
-}
-
-# Redis redelivers an unacked message after this; it must outlast the longest task.
-VISIBILITY_TIMEOUT_S = max(hard for _soft, hard in TIME_LIMITS_S.values()) + 3600
+__all__ = ["app_for", "make_app"]
 
 
-def task_name(stage: StageName) -> str:
-    return f"stage.{stage.value}"
+def make_app(broker_url: str) -> Celery:
+    """A Celery app on `broker_url` with our queues, routes and long-task settings.
 
-
-def make_app(settings: Settings) -> Celery:
-    app = Celery("bonsai", broker=settings.broker_url or "redis://127.0.0.1:6379/0")
+    Senders need nothing more (they send by task name); a worker also registers the tasks
+    (`tasks.register_tasks`).
+    """
+    app = Celery("bonsai", broker=broker_url, set_as_current=False)
     app.conf.update(
         task_queues=[Queue(name) for name in QUEUES],  # type: ignore[no-untyped-call]
         task_routes={task_name(stage): {"queue": queue} for stage, queue in QUEUE_OF.items()},
@@ -67,9 +46,17 @@ def make_app(settings: Settings) -> Celery:
         task_serializer="json",
         accept_content=["json"],
         worker_hijack_root_logger=False,
-        include=["pipeline.orchestration.distributed.tasks"],
     )
     return app
 
 
-app = make_app(Settings.from_env())
+@cache
+def _app(broker_url: str) -> Celery:
+    return make_app(broker_url)
+
+
+def app_for(settings: Settings) -> Celery:
+    """The one app of this process for `settings`' broker (built the first time it is asked for)."""
+    if not settings.broker_url:
+        raise ValueError("the Celery app needs a broker URL (BONSAI_BROKER_URL); embedded mode has none")
+    return _app(settings.broker_url)

@@ -21,17 +21,17 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import and_, or_, select
-from sqlalchemy.orm import Session, aliased, sessionmaker
+from sqlalchemy.orm import aliased
 
 from pipeline.core.settings import Settings
 from pipeline.core.states import JobState, StageName, StageState
 from pipeline.db import repo
 from pipeline.db.models import Job, StageRun, utcnow
 from pipeline.db.session import session_scope
-from pipeline.orchestration.distributed import dispatch
-from pipeline.orchestration.distributed.celery_app import QUEUES, app
-from pipeline.orchestration.execution import Runtime
+from pipeline.orchestration.distributed.dispatch import Dispatcher
 from pipeline.orchestration.progression import WORKER_LOST
+from pipeline.orchestration.queues import QUEUES
+from pipeline.orchestration.runtime import Runtime
 
 __all__ = ["ReconcileReport", "reconcile", "broker_task_ids"]
 
@@ -50,10 +50,10 @@ class ReconcileReport:
                 "advanced_jobs": self.advanced_jobs, "joined_runs": self.joined_runs}
 
 
-def broker_task_ids() -> set[str] | None:
+def broker_task_ids(dispatcher: Dispatcher) -> set[str] | None:
     """Task ids of every message Redis holds, waiting or delivered-unacked; None if unknown."""
     try:
-        with app.connection_for_read() as connection:
+        with dispatcher.broker_connection() as connection:
             client = connection.default_channel.client
             names = [name for queue in QUEUES for name in [queue, *(f"{queue}:{p}" for p in range(1, 10))]]
             ids: set[str] = set()
@@ -105,9 +105,9 @@ def _mark_lost(rt: Runtime, settings: Settings, report: ReconcileReport) -> None
         lost_children = sorted({(run.parent_run_id, run.job_id) for run in stale if run.parent_run_id})
         lost_jobs = sorted({run.job_id for run in stale if not run.parent_run_id})
     for parent_id, job_id in lost_children:
-        dispatch.join(rt, settings, parent_id, job_id)
+        Dispatcher.of(rt).after_shard(rt, parent_id, job_id)
     for job_id in lost_jobs:
-        dispatch.advance(sessions, settings, job_id)
+        Dispatcher.of(rt).advance(job_id)
 
 
 def _join_finished_parents(rt: Runtime, settings: Settings, report: ReconcileReport) -> None:
@@ -119,13 +119,14 @@ def _join_finished_parents(rt: Runtime, settings: Settings, report: ReconcileRep
             )
         ).all()
     for parent_id, job_id in parents:
-        dispatch.join(rt, settings, parent_id, job_id)
+        Dispatcher.of(rt).after_shard(rt, parent_id, job_id)
         report.joined_runs.append(parent_id)
 
 
-def _resend_orphans(sessions: sessionmaker[Session], settings: Settings, report: ReconcileReport) -> None:
+def _resend_orphans(rt: Runtime, settings: Settings, report: ReconcileReport) -> None:
+    dispatcher = Dispatcher.of(rt)
     cutoff = utcnow() - timedelta(seconds=settings.requeue_after_s)
-    with session_scope(sessions) as session:
+    with session_scope(rt.sessions) as session:
         queued = session.scalars(
             select(StageRun).where(
                 or_(
@@ -139,17 +140,17 @@ def _resend_orphans(sessions: sessionmaker[Session], settings: Settings, report:
         candidates = [(run.id, run.task_id, StageName(run.stage), run.job.priority) for run in queued]
     if not candidates:
         return
-    live = broker_task_ids()
+    live = broker_task_ids(dispatcher)
     for run_id, task_id, _stage, _priority in candidates:
         if live is not None and task_id in live:
             continue
-        if dispatch.resend(sessions, run_id):
+        if dispatcher.resend(run_id):
             report.resent_runs.append(run_id)
 
 
-def _advance_idle_jobs(sessions: sessionmaker[Session], settings: Settings, report: ReconcileReport) -> None:
+def _advance_idle_jobs(rt: Runtime, report: ReconcileReport) -> None:
     active = (StageState.QUEUED.value, StageState.RUNNING.value)
-    with session_scope(sessions) as session:
+    with session_scope(rt.sessions) as session:
         busy = select(StageRun.job_id).where(StageRun.status.in_(active))
         idle = session.scalars(
             select(Job.id).where(
@@ -157,7 +158,7 @@ def _advance_idle_jobs(sessions: sessionmaker[Session], settings: Settings, repo
             )
         ).all()
     for job_id in idle:
-        dispatch.advance(sessions, settings, job_id)
+        Dispatcher.of(rt).advance(job_id)
         report.advanced_jobs.append(job_id)
 
 
@@ -166,6 +167,6 @@ def reconcile(rt: Runtime, settings: Settings) -> ReconcileReport:
     report = ReconcileReport()
     _mark_lost(rt, settings, report)
     _join_finished_parents(rt, settings, report)
-    _resend_orphans(rt.sessions, settings, report)
-    _advance_idle_jobs(rt.sessions, settings, report)
+    _resend_orphans(rt, settings, report)
+    _advance_idle_jobs(rt, report)
     return report

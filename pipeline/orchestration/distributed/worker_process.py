@@ -1,8 +1,12 @@
-"""One Runtime per worker process, built on first use after the fork."""
+"""What a worker process holds: its Settings, one Runtime and one Dispatcher per process (after the fork).
+
+`bonsai worker` calls `configure(settings)` before Celery starts, so every pool child (forked
+from it) runs with the settings the command was given; a worker started some other way
+(``celery -A workers``) reads them from the environment once.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from functools import cache
@@ -10,37 +14,40 @@ from functools import cache
 from celery.signals import worker_process_init
 
 from pipeline.core.settings import Settings
-from pipeline.orchestration.execution import Runtime
-from pipeline.orchestration.runtime import build_runtime, forget_engines_after_fork
+from pipeline.orchestration.bootstrap import build_runtime, forget_engines_after_fork
+from pipeline.orchestration.distributed.dispatch import Dispatcher
+from pipeline.orchestration.runtime import Runtime
 
-__all__ = ["runtime", "settings"]
+__all__ = ["configure", "settings", "runtime", "dispatcher"]
 
 log = logging.getLogger(__name__)
 
+_configured: list[Settings] = []
 
-@cache
+
+def configure(worker_settings: Settings) -> None:
+    """Use `worker_settings` in this process and in the pool children forked from it."""
+    _configured[:] = [worker_settings]
+
+
 def settings() -> Settings:
-    return Settings.from_env().validate_all()
+    if not _configured:
+        _configured.append(Settings.from_env().validate_all())
+    return _configured[0]
 
 
 @cache
 def _runtime_for(pid: int) -> Runtime:
-    rt = build_runtime(settings())
-    if not settings().fanout:
-        return rt
-
-    def send_children(run_ids: list[int]) -> None:
-        from pipeline.orchestration.distributed.dispatch import resend
-
-        for run_id in run_ids:
-            resend(rt.sessions, run_id)
-
-    return dataclasses.replace(rt, fanout_dispatch=send_children)
+    return build_runtime(settings())
 
 
 def runtime() -> Runtime:
     # Keyed by pid: a forked pool child must never share its parent's database sockets.
     return _runtime_for(os.getpid())
+
+
+def dispatcher() -> Dispatcher:
+    return Dispatcher.of(runtime())
 
 
 @worker_process_init.connect

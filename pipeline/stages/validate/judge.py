@@ -13,13 +13,21 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Check", "AgreementStats", "repetition_of", "first_answer", "agreement_stats", "verdict_of"]
+if TYPE_CHECKING:
+    from pipeline.stages.validate.params import Params
+    from pipeline.stages.validate.probe import ProbeResult
+
+__all__ = [
+    "Check", "AgreementStats", "repetition_of", "first_answer", "agreement_stats", "verdict_of",
+    "answer_check", "source_answer_check", "repetition_check", "agreement_check",
+]
 
 _MAX_TOKEN_RUN = 4  # the same token this many times in a row is a loop, not an answer
 _MAX_LOOP_PERIOD = 8  # longest token cycle looked for
@@ -166,3 +174,161 @@ def agreement_stats(
         candidate_nll=float(np.concatenate(cand_nll).mean()),
         uniform_kl=float(np.concatenate(uni).mean()),
     )
+
+
+# --- checks over what llama.cpp did with each model (`probe` results) ---------------------------
+
+
+def answer_check(
+    name: str, out: Mapping[str, Any] | None, expected: str, source_out: Mapping[str, Any] | None
+) -> Check:
+    text = out["text"] if out else ""
+    found = first_answer(text)
+    source_found = first_answer(source_out["text"]) if source_out else None
+    numbers = {
+        "prompt": out["prompt"] if out else None,
+        "text": text,
+        "first_number": found,
+        "expected": expected,
+        "source_text": source_out["text"] if source_out else None,
+        "source_first_number": source_found,
+    }
+    # The first number must be the answer: "12" or "3, 2" contain "2" but are wrong.
+    if found == expected:
+        return Check(name, "pass", f"{numbers['prompt']!r} -> {text!r} answers {expected!r}", numbers)
+    blame = (
+        f"; the source answers {source_found!r}, so the conversion lost it"
+        if source_found == expected
+        else "; the source does not answer it either"
+        if source_out
+        else ""
+    )
+    return Check(
+        name,
+        "warn",
+        f"{numbers['prompt']!r} -> {text!r}: first number {found!r}, expected {expected!r}{blame}",
+        numbers,
+    )
+
+
+def source_answer_check(source: ProbeResult | None, params: Params) -> Check | None:
+    if source is None:
+        return None
+    out = source.completions[0]
+    found = first_answer(out["text"])
+    numbers = {
+        "prompt": out["prompt"],
+        "text": out["text"],
+        "first_number": found,
+        "expected": params.expected,
+    }
+    if found == params.expected:
+        return Check(
+            "source_answer", "pass", f"the source answers: {out['prompt']!r} -> {out['text']!r}", numbers
+        )
+    return Check(
+        "source_answer",
+        "warn",
+        f"the source itself does not answer {params.expected!r}: "
+        f"{out['prompt']!r} -> {out['text']!r}; the answer checks say little about the conversion",
+        numbers,
+    )
+
+
+def _outputs(probe: ProbeResult) -> dict[str, Mapping[str, Any]]:
+    found = {"completion": probe.completions[0]}
+    if probe.chat:
+        found["chat"] = probe.chat
+    return found
+
+
+def repetition_check(candidate: ProbeResult, source: ProbeResult | None) -> Check:
+    loops = {
+        kind: repetition_of(list(out["tokens"]), out["text"]) for kind, out in _outputs(candidate).items()
+    }
+    loops = {kind: why for kind, why in loops.items() if why}
+    if not loops:
+        return Check("repetition", "pass", "no degenerate loop in the generated text", {"loops": {}})
+    source_loops = {}
+    if source is not None:
+        source_loops = {
+            kind: repetition_of(list(out["tokens"]), out["text"]) for kind, out in _outputs(source).items()
+        }
+    numbers = {"loops": loops, "source_loops": {k: v for k, v in source_loops.items() if v}}
+    listed = "; ".join(f"{kind}: {why}" for kind, why in loops.items())
+    if source is None:
+        return Check("repetition", "warn", f"{listed} (no source run to compare with)", numbers)
+    introduced = [kind for kind in loops if not source_loops.get(kind)]
+    if introduced:
+        return Check(
+            "repetition",
+            "fail",
+            f"{listed}; the source does not loop there, so the conversion broke it",
+            numbers,
+        )
+    return Check("repetition", "warn", f"{listed}; the source loops the same way", numbers)
+
+
+def agreement_check(
+    candidate: ProbeResult, source: ProbeResult | None, source_why: str, params: Params
+) -> Check:
+    """Top-1 agreement and mean KL over the built-in text, judged against the thresholds."""
+    if source is None:
+        return Check("agreement", "warn", f"agreement with the source not measured: {source_why}")
+    if not params.agreement_text:
+        return Check("agreement", "warn", "agreement not measured: the agreement text option is empty")
+    if candidate.n_vocab != source.n_vocab:
+        return Check(
+            "agreement",
+            "fail",
+            f"vocabularies differ: source {source.n_vocab} tokens, converted {candidate.n_vocab}",
+            {"n_vocab": [source.n_vocab, candidate.n_vocab]},
+        )
+    ids_src, ids_cand = (source.text or {})["tokens"], (candidate.text or {})["tokens"]
+    if ids_src != ids_cand:
+        first = next(
+            (i for i, (a, b) in enumerate(zip(ids_src, ids_cand, strict=False)) if a != b),
+            min(len(ids_src), len(ids_cand)),
+        )
+        return Check(
+            "agreement",
+            "fail",
+            f"the tokenizers disagree on the agreement text: source "
+            f"{len(ids_src)} tokens, converted {len(ids_cand)}, first difference at token {first}",
+        )
+    stats = agreement_stats(np.load(str(source.logits_path)), np.load(str(candidate.logits_path)), ids_src)
+    numbers = {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(stats).items()}
+    numbers["is_text_truncated"] = bool((source.text or {})["is_truncated"])
+    detail = (
+        f"top-1 agreement {stats.top1_agreement:.1%}, mean KL {stats.mean_kl:.3f} nats over "
+        f"{stats.n_positions} positions of the agreement text (log-perplexity source "
+        f"{stats.source_nll:.2f}, converted {stats.candidate_nll:.2f}; a model that knows nothing "
+        f"would be at KL {stats.uniform_kl:.2f})"
+    )
+    if stats.mean_kl >= stats.uniform_kl > 0.0:
+        # Scale-free floor: a near-uniform source (random weights) makes any absolute KL look small.
+        return Check(
+            "agreement",
+            "fail",
+            f"{detail}: no closer to the source than a model that knows "
+            "nothing; the converted model no longer predicts like its source",
+            numbers,
+        )
+    if stats.top1_agreement < params.agreement_fail_top1 or stats.mean_kl > params.agreement_fail_kl:
+        return Check(
+            "agreement",
+            "fail",
+            f"{detail}: below the floor (top-1 >= "
+            f"{params.agreement_fail_top1:.0%} and KL <= {params.agreement_fail_kl:g}); the converted "
+            "model no longer predicts like its source",
+            numbers,
+        )
+    if stats.top1_agreement < params.agreement_pass_top1 or stats.mean_kl > params.agreement_pass_kl:
+        return Check(
+            "agreement",
+            "warn",
+            f"{detail}: short of a pass (top-1 >= {params.agreement_pass_top1:.0%} "
+            f"and KL <= {params.agreement_pass_kl:g})",
+            numbers,
+        )
+    return Check("agreement", "pass", detail, numbers)

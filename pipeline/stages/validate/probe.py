@@ -26,9 +26,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ProbeRequest", "run_probe", "main"]
+from pipeline.core.errors import IntegrityError
+from pipeline.formats.jsonfile import load_json
+
+__all__ = ["ProbeRequest", "ProbeResult", "run_probe", "main"]
 
 _STDERR_TAIL_CHARS = 2000
+_MAX_RESULT_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,48 @@ class ProbeRequest:
     n_threads: int = 2
     n_gpu_layers: int = 0
     seed: int = 0
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What llama.cpp did with one file: load time, vocabulary size, completions, chat, the text's
+    tokens, the backend; ``logits_path``: where the text's logits (``.npy``) were left, if any.
+
+    Each completion is ``{"prompt", "text", "tokens", "prompt_tokens", "gen_s", "tokens_per_s"}``.
+    """
+
+    load_s: float
+    n_vocab: int
+    has_chat_template: bool
+    completions: tuple[dict[str, Any], ...]
+    chat: dict[str, Any] | None
+    text: dict[str, Any] | None
+    backend: dict[str, Any]
+    logits_path: str | None = None
+
+    def write(self, path: Path) -> None:
+        """Write the result as JSON (the child's side)."""
+        document = asdict(self)
+        document["completions"] = list(self.completions)
+        path.write_text(json.dumps(document), encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: Path, label: str) -> ProbeResult:
+        """Read a child's result; IntegrityError naming `label` when it is malformed."""
+        document = load_json(path, f"{label} probe result", max_bytes=_MAX_RESULT_BYTES, error=IntegrityError)
+        try:
+            return cls(
+                load_s=float(document["load_s"]),
+                n_vocab=int(document["n_vocab"]),
+                has_chat_template=bool(document["has_chat_template"]),
+                completions=tuple(dict(c) for c in document["completions"]),
+                chat=dict(document["chat"]) if document.get("chat") else None,
+                text=dict(document["text"]) if document.get("text") else None,
+                backend=dict(document["backend"]),
+                logits_path=document.get("logits_path"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise IntegrityError(f"{label} probe result is malformed ({exc!r})") from exc
 
 
 def _greedy(model: Any, prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -116,7 +162,7 @@ def _backend(llama_cpp: Any, n_gpu_layers: int) -> dict[str, Any]:
     }
 
 
-def _probe(request: dict[str, Any], logits_path: str) -> dict[str, Any]:
+def _probe(request: dict[str, Any], logits_path: str) -> ProbeResult:
     """Load the model and run everything requested; the child process's whole job."""
     import llama_cpp
 
@@ -132,33 +178,33 @@ def _probe(request: dict[str, Any], logits_path: str) -> dict[str, Any]:
     )
     load_s = time.perf_counter() - started
     has_template = bool(model.metadata.get("tokenizer.chat_template"))
-    result: dict[str, Any] = {
-        "load_s": round(load_s, 4),
-        "n_vocab": model.n_vocab(),
-        "has_chat_template": has_template,
-        "completions": [_greedy(model, p, request["max_tokens"]) for p in request["prompts"]],
-        "chat": None,
-        "text": None,
-        "backend": _backend(llama_cpp, request["n_gpu_layers"]),
-    }
+    completions = tuple(_greedy(model, p, request["max_tokens"]) for p in request["prompts"])
+    chat = None
     if request["chat_prompt"] and has_template:
-        result["chat"] = _chat(model, request["chat_prompt"], request["chat_max_tokens"], request["seed"])
-    if request["text"]:
-        result["text"] = _text_logits(model, request["text"], request["n_ctx"], logits_path)
-    return result
+        chat = _chat(model, request["chat_prompt"], request["chat_max_tokens"], request["seed"])
+    text = _text_logits(model, request["text"], request["n_ctx"], logits_path) if request["text"] else None
+    return ProbeResult(
+        load_s=round(load_s, 4),
+        n_vocab=model.n_vocab(),
+        has_chat_template=has_template,
+        completions=completions,
+        chat=chat,
+        text=text,
+        backend=_backend(llama_cpp, request["n_gpu_layers"]),
+        logits_path=logits_path if text is not None else None,
+    )
 
 
 def main() -> None:
     """Child entry point: request JSON on stdin; result JSON (and logits) written where it says."""
     request = json.loads(sys.stdin.read())
-    result = _probe(request["request"], request["logits_path"])
-    Path(request["result_path"]).write_text(json.dumps(result), encoding="utf-8")
+    _probe(request["request"], request["logits_path"]).write(Path(request["result_path"]))
 
 
 def run_probe(
     request: ProbeRequest, workdir: Path, timeout_s: float, label: str = "model"
-) -> tuple[dict[str, Any] | None, str]:
-    """(result, '') or (None, why it failed). The text's logits are left at ``result["logits_path"]``;
+) -> tuple[ProbeResult | None, str]:
+    """(result, '') or (None, why it failed). The text's logits are left at ``result.logits_path``;
     the caller deletes them. Nothing else stays in ``workdir``."""
     result_path = workdir / f".probe-{label}.json"
     logits_path = workdir / f".probe-{label}-logits.npy"
@@ -185,9 +231,7 @@ def run_probe(
             tail = proc.stderr.strip()[-_STDERR_TAIL_CHARS:]
             logits_path.unlink(missing_ok=True)
             return None, f"llama.cpp could not load or run the {label} file (exit {proc.returncode}): {tail}"
-        result: dict[str, Any] = json.loads(result_path.read_text(encoding="utf-8"))
+        result = ProbeResult.load(result_path, label)
     finally:
         result_path.unlink(missing_ok=True)
-    if result.get("text") is not None:
-        result["logits_path"] = str(logits_path)
     return result, ""

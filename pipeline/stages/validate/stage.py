@@ -33,19 +33,28 @@ the report as metrics so the failed attempt still shows it.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import InputError, IntegrityError, PipelineError
-from pipeline.core.files import write_json
+from pipeline.formats.jsonfile import load_json
 from pipeline.formats.model_card import ModelCard
-from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult, inputs_of
-from pipeline.stages.validate.judge import Check, first_answer, repetition_of, verdict_of
+from pipeline.stages.base import InputFile, OutputFile, StageResult, inputs_of
+from pipeline.stages.validate import file_checks
+from pipeline.stages.validate.judge import (
+    Check,
+    agreement_check,
+    answer_check,
+    first_answer,
+    repetition_check,
+    repetition_of,
+    source_answer_check,
+)
+from pipeline.stages.validate.params import DEFAULT_AGREEMENT_TEXT, Params, ValidationFailed, make_params
+from pipeline.stages.validate.probe import ProbeRequest, ProbeResult, run_probe
+from pipeline.stages.validate.report import REPORT_NAME, ValidationReport
 
 __all__ = [
     "NAME",
@@ -53,6 +62,7 @@ __all__ = [
     "Params",
     "Check",
     "ValidationFailed",
+    "ValidationReport",
     "make_params",
     "run",
     "repetition_of",
@@ -62,99 +72,11 @@ __all__ = [
 
 NAME = "validate"
 VERSION = "2"
-OUTPUT_NAME = "validation.json"
-REPORT_FORMAT = "validation-report/2"
 
 log = logging.getLogger(__name__)
 
-# A few plain sentences: common words, no numbers or names a small model could not know.
-DEFAULT_AGREEMENT_TEXT = (
-    "The river runs through the old town and past the market square. Every morning the bakers "
-    "open their doors, and the smell of fresh bread fills the street. Children walk to school "
-    "while their parents hurry to work. In the evening the lamps are lit, and people meet their "
-    "friends for dinner."
-)
 
-
-@dataclass(frozen=True)
-class Params:
-    """Validation settings; each field is also a job option of the same name.
-
-    Agreement thresholds: ``pass`` needs top-1 agreement >= ``agreement_pass_top1`` and mean
-    KL <= ``agreement_pass_kl`` (nats); ``fail`` is top-1 < ``agreement_fail_top1`` or KL >
-    ``agreement_fail_kl``; anything between is a warning. ``n_gpu_layers=0`` keeps llama.cpp
-    on the CPU (mainline CUDA has no TQ2_0 kernel); ``timeout_s`` bounds each llama.cpp run.
-    """
-
-    recipe: str = "tq2_0"
-    n_ctx: int = 256
-    n_threads: int = 2
-    n_gpu_layers: int = 0
-    seed: int = 0
-    prompt: str = "1+1="
-    expected: str = "2"
-    chat_prompt: str = "What is 1+1?"
-    chat_expected: str = "2"
-    max_tokens: int = 16
-    chat_max_tokens: int = 32
-    agreement_text: str = DEFAULT_AGREEMENT_TEXT
-    agreement_pass_top1: float = 0.85
-    agreement_pass_kl: float = 0.10
-    agreement_fail_top1: float = 0.50
-    agreement_fail_kl: float = 1.0
-    timeout_s: float = 300.0
-
-
-class ValidationFailed(IntegrityError):
-    """A check failed; ``metrics`` is the whole report, recorded on the failed attempt."""
-
-    def __init__(self, message: str, metrics: Mapping[str, Any]) -> None:
-        super().__init__(message)
-        self.metrics = dict(metrics)
-
-
-def make_params(job: JobSpec) -> Params:
-    """Params from the job's recipe and options (any `Params` field by name).
-
-    Raises InputError for a value of the wrong kind, or thresholds out of order or range.
-    """
-    values: dict[str, Any] = {"recipe": job.recipe, "n_threads": min(4, os.cpu_count() or 1)}
-    for item in fields(Params):
-        if item.name == "recipe" or item.name not in job.options:
-            continue
-        raw = job.options[item.name]
-        kind = type(getattr(Params(), item.name))
-        try:
-            values[item.name] = raw if kind is str and isinstance(raw, str) else kind(raw)
-        except (TypeError, ValueError) as exc:
-            raise InputError(f"validate option {item.name}={raw!r} is not a {kind.__name__}: {exc}") from exc
-        if kind is str and not isinstance(raw, str):
-            raise InputError(f"validate option {item.name}={raw!r} must be text")
-    params = Params(**values)
-    if not 0.0 <= params.agreement_fail_top1 <= params.agreement_pass_top1 <= 1.0:
-        raise InputError(
-            f"validate options: need 0 <= agreement_fail_top1 ({params.agreement_fail_top1}) <= "
-            f"agreement_pass_top1 ({params.agreement_pass_top1}) <= 1"
-        )
-    if not 0.0 <= params.agreement_pass_kl <= params.agreement_fail_kl:
-        raise InputError(
-            f"validate options: need 0 <= agreement_pass_kl ({params.agreement_pass_kl}) <= "
-            f"agreement_fail_kl ({params.agreement_fail_kl})"
-        )
-    if params.n_ctx < 16 or params.max_tokens < 1 or params.timeout_s <= 0:
-        raise InputError(
-            f"validate options: n_ctx {params.n_ctx} (>= 16), max_tokens {params.max_tokens} "
-            f"(>= 1) and timeout_s {params.timeout_s} (> 0) are out of range"
-        )
-    return params
-
-
-# --- running both models ------------------------------------------------------------------------
-
-
-def _request(path: Path, params: Params) -> Any:
-    from pipeline.stages.validate.probe import ProbeRequest
-
+def _request(path: Path, params: Params) -> ProbeRequest:
     return ProbeRequest(
         path=str(path),
         prompts=(params.prompt,),
@@ -191,196 +113,23 @@ def _reference(
         return None, "hf-16bit", f"could not build the 16-bit reference from the source: {exc}"
 
 
-def _agreement(
-    candidate: Mapping[str, Any], source: Mapping[str, Any] | None, source_why: str, params: Params
-) -> Check:
-    """Top-1 agreement and mean KL over the built-in text, judged against the thresholds."""
-    import numpy as np
-
-    from pipeline.stages.validate.judge import agreement_stats
-
-    if source is None:
-        return Check("agreement", "warn", f"agreement with the source not measured: {source_why}")
-    if not params.agreement_text:
-        return Check("agreement", "warn", "agreement not measured: the agreement text option is empty")
-    if candidate["n_vocab"] != source["n_vocab"]:
-        return Check(
-            "agreement",
-            "fail",
-            f"vocabularies differ: source {source['n_vocab']} tokens, converted {candidate['n_vocab']}",
-            {"n_vocab": [source["n_vocab"], candidate["n_vocab"]]},
-        )
-    ids_src, ids_cand = source["text"]["tokens"], candidate["text"]["tokens"]
-    if ids_src != ids_cand:
-        first = next(
-            (i for i, (a, b) in enumerate(zip(ids_src, ids_cand, strict=False)) if a != b),
-            min(len(ids_src), len(ids_cand)),
-        )
-        return Check(
-            "agreement",
-            "fail",
-            f"the tokenizers disagree on the agreement text: source "
-            f"{len(ids_src)} tokens, converted {len(ids_cand)}, first difference at token {first}",
-        )
-    stats = agreement_stats(np.load(source["logits_path"]), np.load(candidate["logits_path"]), ids_src)
-    numbers = {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(stats).items()}
-    numbers["is_text_truncated"] = bool(source["text"]["is_truncated"])
-    detail = (
-        f"top-1 agreement {stats.top1_agreement:.1%}, mean KL {stats.mean_kl:.3f} nats over "
-        f"{stats.n_positions} positions of the agreement text (log-perplexity source "
-        f"{stats.source_nll:.2f}, converted {stats.candidate_nll:.2f}; a model that knows nothing "
-        f"would be at KL {stats.uniform_kl:.2f})"
-    )
-    if stats.mean_kl >= stats.uniform_kl > 0.0:
-        # Scale-free floor: a near-uniform source (random weights) makes any absolute KL look small.
-        return Check(
-            "agreement",
-            "fail",
-            f"{detail}: no closer to the source than a model that knows "
-            "nothing; the converted model no longer predicts like its source",
-            numbers,
-        )
-    if stats.top1_agreement < params.agreement_fail_top1 or stats.mean_kl > params.agreement_fail_kl:
-        return Check(
-            "agreement",
-            "fail",
-            f"{detail}: below the floor (top-1 >= "
-            f"{params.agreement_fail_top1:.0%} and KL <= {params.agreement_fail_kl:g}); the converted "
-            "model no longer predicts like its source",
-            numbers,
-        )
-    if stats.top1_agreement < params.agreement_pass_top1 or stats.mean_kl > params.agreement_pass_kl:
-        return Check(
-            "agreement",
-            "warn",
-            f"{detail}: short of a pass (top-1 >= {params.agreement_pass_top1:.0%} "
-            f"and KL <= {params.agreement_pass_kl:g})",
-            numbers,
-        )
-    return Check("agreement", "pass", detail, numbers)
-
-
-# --- behaviour checks ---------------------------------------------------------------------------
-
-
-def _answer(
-    name: str, out: Mapping[str, Any] | None, expected: str, source_out: Mapping[str, Any] | None
-) -> Check:
-    text = out["text"] if out else ""
-    found = first_answer(text)
-    source_found = first_answer(source_out["text"]) if source_out else None
-    numbers = {
-        "prompt": out["prompt"] if out else None,
-        "text": text,
-        "first_number": found,
-        "expected": expected,
-        "source_text": source_out["text"] if source_out else None,
-        "source_first_number": source_found,
-    }
-    # The first number must be the answer: "12" or "3, 2" contain "2" but are wrong.
-    if found == expected:
-        return Check(name, "pass", f"{numbers['prompt']!r} -> {text!r} answers {expected!r}", numbers)
-    blame = (
-        f"; the source answers {source_found!r}, so the conversion lost it"
-        if source_found == expected
-        else "; the source does not answer it either"
-        if source_out
-        else ""
-    )
-    return Check(
-        name,
-        "warn",
-        f"{numbers['prompt']!r} -> {text!r}: first number {found!r}, expected {expected!r}{blame}",
-        numbers,
-    )
-
-
-def _source_answer(source: Mapping[str, Any] | None, params: Params) -> Check | None:
-    if source is None:
-        return None
-    out = source["completions"][0]
-    found = first_answer(out["text"])
-    numbers = {
-        "prompt": out["prompt"],
-        "text": out["text"],
-        "first_number": found,
-        "expected": params.expected,
-    }
-    if found == params.expected:
-        return Check(
-            "source_answer", "pass", f"the source answers: {out['prompt']!r} -> {out['text']!r}", numbers
-        )
-    return Check(
-        "source_answer",
-        "warn",
-        f"the source itself does not answer {params.expected!r}: "
-        f"{out['prompt']!r} -> {out['text']!r}; the answer checks say little about the conversion",
-        numbers,
-    )
-
-
-def _outputs(probe: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    found = {"completion": probe["completions"][0]}
-    if probe.get("chat"):
-        found["chat"] = probe["chat"]
-    return found
-
-
-def _repetition(candidate: Mapping[str, Any], source: Mapping[str, Any] | None) -> Check:
-    loops = {
-        kind: repetition_of(list(out["tokens"]), out["text"]) for kind, out in _outputs(candidate).items()
-    }
-    loops = {kind: why for kind, why in loops.items() if why}
-    if not loops:
-        return Check("repetition", "pass", "no degenerate loop in the generated text", {"loops": {}})
-    source_loops = {}
-    if source is not None:
-        source_loops = {
-            kind: repetition_of(list(out["tokens"]), out["text"]) for kind, out in _outputs(source).items()
-        }
-    numbers = {"loops": loops, "source_loops": {k: v for k, v in source_loops.items() if v}}
-    listed = "; ".join(f"{kind}: {why}" for kind, why in loops.items())
-    if source is None:
-        return Check("repetition", "warn", f"{listed} (no source run to compare with)", numbers)
-    introduced = [kind for kind in loops if not source_loops.get(kind)]
-    if introduced:
-        return Check(
-            "repetition",
-            "fail",
-            f"{listed}; the source does not loop there, so the conversion broke it",
-            numbers,
-        )
-    return Check("repetition", "warn", f"{listed}; the source loops the same way", numbers)
-
-
-# --- stage ---------------------------------------------------------------------------------------
-
-
-def _load_report(inputs: Mapping[str, InputFile]) -> dict[str, Any] | None:
+def _load_decompose_report(inputs: Mapping[str, InputFile]) -> dict[str, Any] | None:
     item = inputs.get("decompose/report.json")
     if item is None:
         return None
-    try:
-        report = json.loads(item.path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise IntegrityError(f"decompose/report.json is not readable JSON: {exc}") from exc
+    report = load_json(item.path, "decompose/report.json", error=IntegrityError,
+                       fix="retry the job from decompose")
     return report if isinstance(report, dict) else None
 
 
-def _write_report(workdir: Path, report: Mapping[str, Any]) -> Path:
-    dest = workdir / OUTPUT_NAME
-    write_json(dest, report, indent=1, sort_keys=True)
-    return dest
-
-
-def _drop_logits(*probes: Mapping[str, Any] | None) -> None:
+def _drop_logits(*probes: ProbeResult | None) -> None:
     for probe in probes:
-        if probe and probe.get("logits_path"):
-            Path(probe["logits_path"]).unlink(missing_ok=True)
+        if probe and probe.logits_path:
+            Path(probe.logits_path).unlink(missing_ok=True)
 
 
 def _checks(
-    candidate: dict[str, Any],
+    candidate: ProbeResult,
     path: Path,
     summary: Any,
     params: Params,
@@ -388,34 +137,31 @@ def _checks(
     workdir: Path,
 ) -> tuple[list[Check], dict[str, Any]]:
     """Every check after a successful load, and the source's side of the report."""
-    from pipeline.stages.validate import file_checks
-    from pipeline.stages.validate.probe import run_probe
-
-    decompose_report = _load_report(inputs)
+    decompose_report = _load_decompose_report(inputs)
     ref_path, ref_kind, why = _reference(inputs, path, workdir)
-    source: dict[str, Any] | None = None
+    source: ProbeResult | None = None
     if ref_path is not None:
         source, why = run_probe(_request(ref_path, params), workdir, params.timeout_s, label="source")
     try:
         checks = [
-            _answer(
+            answer_check(
                 "answer",
-                candidate["completions"][0],
+                candidate.completions[0],
                 params.expected,
-                source["completions"][0] if source else None,
+                source.completions[0] if source else None,
             )
         ]
-        if candidate.get("chat"):
+        if candidate.chat:
             checks.append(
-                _answer(
+                answer_check(
                     "chat_answer",
-                    candidate["chat"],
+                    candidate.chat,
                     params.chat_expected,
-                    source.get("chat") if source else None,
+                    source.chat if source else None,
                 )
             )
-        checks += [c for c in [_source_answer(source, params)] if c is not None]
-        checks += [_repetition(candidate, source), _agreement(candidate, source, why, params)]
+        checks += [c for c in [source_answer_check(source, params)] if c is not None]
+        checks += [repetition_check(candidate, source), agreement_check(candidate, source, why, params)]
     finally:
         _drop_logits(candidate, source)
         (workdir / ".reference.gguf").unlink(missing_ok=True)
@@ -428,73 +174,23 @@ def _checks(
     side = {
         "kind": ref_kind,
         "error": why or None,
-        "load_s": source["load_s"] if source else None,
-        "completion": source["completions"][0] if source else None,
-        "chat": source.get("chat") if source else None,
+        "load_s": source.load_s if source else None,
+        "completion": source.completions[0] if source else None,
+        "chat": source.chat if source else None,
     }
     return checks, side
-
-
-def _report(
-    params: Params,
-    item: InputFile,
-    summary: Any,
-    candidate: dict[str, Any] | None,
-    checks: list[Check],
-    source: Mapping[str, Any] | None,
-) -> dict[str, Any]:
-    verdict = verdict_of(checks)
-    completion = candidate["completions"][0] if candidate else None
-    text = completion["text"] if completion else None
-    details = {c.name: {"verdict": c.verdict, "reason": c.reason, **(c.numbers or {})} for c in checks}
-    chat: dict[str, Any] | None = None
-    if candidate is not None:
-        chat = candidate["chat"] or {
-            "skipped": "the file has no tokenizer.chat_template"
-            if not candidate["has_chat_template"]
-            else "no chat prompt configured"
-        }
-    return {
-        "format": REPORT_FORMAT,
-        "verdict": verdict,
-        "checks": {c.name: c.verdict for c in checks},
-        "details": details,
-        "text": text,
-        "n_tokens": len(completion["tokens"]) if completion else 0,
-        "has_expected_answer": bool(text is not None and first_answer(text) == params.expected),
-        "contains_expected": bool(text is not None and params.expected in text),
-        "load_s": candidate["load_s"] if candidate else None,
-        "tokens_per_s": completion["tokens_per_s"] if completion else None,
-        "device": candidate["backend"]["device"] if candidate else None,
-        "backend": candidate["backend"] if candidate else None,
-        "completion": completion,
-        "chat": chat,
-        "agreement": details.get("agreement"),
-        "source": source,
-        "model": {"name": item.name, "sha256": item.sha256, "size_bytes": item.size_bytes},
-        "gguf": None
-        if summary is None
-        else {
-            "tensor_count": summary.tensor_count,
-            "types": dict(summary.types),
-            "bits_per_weight": round(summary.bits_per_weight, 4),
-            "n_params": summary.n_params,
-        },
-        "params": asdict(params),
-    }
 
 
 def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> StageResult:
     """Judge ``package/model.gguf``; writes validation.json, raises ValidationFailed on any failed check."""
     from pipeline.formats.gguf.readback import inspect_gguf
-    from pipeline.stages.validate.probe import run_probe
 
     item = inputs.get("package/model.gguf")
     if item is None:
         raise InputError(f"validate needs package/model.gguf; inputs were {sorted(inputs)}")
     workdir = Path(workdir)
     checks: list[Check] = []
-    candidate: dict[str, Any] | None = None
+    candidate: ProbeResult | None = None
     source: dict[str, Any] | None = None
     summary = None
     try:
@@ -510,26 +206,24 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
                 Check(
                     "loads",
                     "pass",
-                    f"loaded in {candidate['load_s']:.2f} s on {candidate['backend']['device']}",
-                    {"load_s": candidate["load_s"]},
+                    f"loaded in {candidate.load_s:.2f} s on {candidate.backend['device']}",
+                    {"load_s": candidate.load_s},
                 )
             )
             more, source = _checks(candidate, item.path, summary, params, inputs, workdir)
             checks += more
-    report = _report(params, item, summary, candidate, checks, source)
-    path = _write_report(workdir, report)
-    log.info("validate: verdict %s; text %r; checks %s", report["verdict"], report["text"], report["checks"])
-    failed = [c for c in checks if c.verdict == "fail"]
-    if failed:
-        raise ValidationFailed(
-            "validation failed: "
-            + "; ".join(f"{c.name}: {c.reason}" for c in failed)
-            + f" (report kept at {path})",
-            report,
-        )
-    warnings = tuple(f"{c.name}: {c.reason}" for c in checks if c.verdict == "warn")
+    report = ValidationReport.build(params, item, summary, candidate, checks, source)
+    path = workdir / REPORT_NAME
+    report.write(path)
+    log.info("validate: verdict %s; text %r; checks %s", report.verdict, report.text, dict(report.checks))
+    if report.failed:
+        # The report is on the failed attempt's metrics; the work folder (and this file) goes.
+        raise ValidationFailed("validation failed: " + "; ".join(report.failed)
+                               + " (the whole report: `bonsai show JOB --json`, under validation)",
+                               report.to_dict())
+    warnings = tuple(report.warned)
     return StageResult(
-        outputs=(OutputFile(OUTPUT_NAME, path, "validation-report", "application/json"),),
-        metrics=report,
+        outputs=(OutputFile(REPORT_NAME, path, "validation-report", "application/json"),),
+        metrics=report.to_dict(),
         warnings=warnings,
     )

@@ -1,0 +1,160 @@
+"""Commands about jobs: convert, submit, list, show, status, retry, cancel, and the demo checkpoint."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from pipeline.app.cli.main import (
+    CliContext,
+    cli,
+    fail,
+    guard,
+    parse_options,
+    require_broker,
+    stage_names,
+)
+
+
+@cli.command()
+@click.argument("source")
+@click.option("--recipe", default="tq2_0", show_default=True, help="Named recipe (tq2_0, tq1_0).")
+@click.option("--option", "options", multiple=True, help="Recipe knob KEY=VALUE (repeatable).")
+@click.option("--out", type=click.Path(path_type=Path), help="Also copy the GGUF here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the job detail as JSON at the end.")
+@click.pass_obj
+@guard
+def convert(obj: CliContext, source: str, recipe: str, options: tuple[str, ...], out: Path | None,
+            as_json: bool) -> None:
+    """Convert SOURCE in this process (embedded mode), with progress."""
+    from pipeline.app.convert import convert_source
+
+    if out is not None and out.exists():
+        fail(f"--out {out} already exists; choose a new path (artifacts are never overwritten)")
+    code = convert_source(obj.runtime(), source, recipe, parse_options(options), out, as_json)
+    sys.exit(code)
+
+
+@cli.command()
+@click.option("--status", "status", default=None, help="Only jobs in this state.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@guard
+def jobs(obj: CliContext, status: str | None, as_json: bool) -> None:
+    """List jobs."""
+    from pipeline.app.reports import print_jobs
+
+    print_jobs(obj.runtime(), status, as_json)
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@guard
+def show(obj: CliContext, job_id: int, as_json: bool) -> None:
+    """One job: stages, every attempt, artifacts and the validation result."""
+    from pipeline.app.reports import print_job
+
+    print_job(obj.runtime(), job_id, as_json)
+
+
+@cli.command()
+@click.argument("sources", nargs=-1)
+@click.option("--manifest", type=click.Path(path_type=Path, dir_okay=False),
+              help="YAML or JSON list of jobs.")
+@click.option("--recipe", default="tq2_0", show_default=True)
+@click.option("--priority", default=0, show_default=True, help="Higher runs sooner.")
+@click.option("--option", "options", multiple=True, help="Recipe knob KEY=VALUE (repeatable).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@guard
+def submit(obj: CliContext, sources: tuple[str, ...], manifest: Path | None, recipe: str, priority: int,
+           options: tuple[str, ...], as_json: bool) -> None:
+    """Record jobs and dispatch them to workers; prints the job ids."""
+    from pipeline.orchestration.job_control import JobRequest, read_manifest
+
+    require_broker(obj, "submit")
+    requests = [JobRequest(s, recipe, priority, parse_options(options)) for s in sources]
+    if manifest is not None:
+        requests += read_manifest(manifest, recipe, priority)
+    if not requests:
+        fail("nothing to submit: give SOURCE arguments or --manifest FILE")
+    from pipeline.orchestration.launcher import submit_jobs
+
+    job_ids = submit_jobs(obj.runtime(), requests, "cli:submit")
+    click.echo(json.dumps({"job_ids": job_ids}) if as_json else "\n".join(map(str, job_ids)))
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@click.option("--from", "from_stage", type=click.Choice([s.value for s in stage_names()]), default=None,
+              help="First stage to rerun (default: the first one not done).")
+@click.option("--force", is_flag=True, help="Ignore cached results for the rerun stages.")
+@click.pass_obj
+@guard
+def retry(obj: CliContext, job_id: int, from_stage: str | None, force: bool) -> None:
+    """New attempts for STAGE and everything after it; earlier attempts are kept."""
+    from pipeline.core.states import StageName
+    from pipeline.db.session import session_scope
+    from pipeline.orchestration.job_control import retry_job
+
+    rt = obj.runtime()
+    with session_scope(rt.sessions) as session:
+        run_ids = retry_job(session, job_id, StageName(from_stage) if from_stage else None, force)
+    click.echo(f"job {job_id}: {len(run_ids)} new attempts")
+    if obj.settings.is_embedded:
+        from pipeline.app.convert import run_and_report
+
+        sys.exit(run_and_report(rt, job_id, as_json=False))
+    rt.launcher.start(job_id)
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@click.pass_obj
+@guard
+def cancel(obj: CliContext, job_id: int) -> None:
+    """Stop a job: unfinished attempts are cancelled and running tasks revoked."""
+    from pipeline.db.session import session_scope
+    from pipeline.orchestration.job_control import cancel_job
+
+    rt = obj.runtime()
+    with session_scope(rt.sessions) as session:
+        task_ids = cancel_job(session, job_id)
+    rt.launcher.revoke(task_ids)
+    click.echo(f"job {job_id} cancelled ({len(task_ids)} task(s) revoked)")
+
+
+@cli.command()
+@click.option("--watch", "watch_s", type=float, default=None, help="Refresh every N seconds.")
+@click.option("--status", "status", default=None, help="Only jobs in this state.")
+@click.pass_obj
+@guard
+def status(obj: CliContext, watch_s: float | None, status: str | None) -> None:
+    """Jobs with their progress; with --watch, a live table."""
+    from pipeline.app.reports import watch_jobs
+
+    watch_jobs(obj.runtime(), status, watch_s)
+
+
+@cli.command("demo-checkpoint")
+@click.argument("dest", type=click.Path(path_type=Path))
+@click.option("--layers", default=2, show_default=True, help="Transformer blocks.")
+@click.option(
+    "--architecture",
+    default="llama",
+    show_default=True,
+    type=click.Choice(["llama", "mistral", "qwen2", "qwen3", "bitnet"]),
+    help="Which HF architecture (and its usual tokenizer kind) the demo imitates.",
+)
+@guard
+def demo_checkpoint(dest: Path, layers: int, architecture: str) -> None:
+    """Write a small ternary-trained-style demo checkpoint (Llama unless --architecture) into DEST."""
+    from pipeline.demo.checkpoint import write_demo_checkpoint
+
+    folder = write_demo_checkpoint(dest, n_layers=layers, architecture=architecture)
+    click.echo(f"demo checkpoint written to {folder}")

@@ -1,0 +1,111 @@
+"""The `bonsai` command group and what every command shares: settings, the runtime, clean errors.
+
+Commands turn flags into calls; the work happens in the layers below. Heavy libraries
+(torch, gguf, llama.cpp, Celery) are imported only inside the commands that need them, so
+`bonsai jobs` starts at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pipeline.core.errors import PipelineError
+from pipeline.core.settings import Settings
+
+__all__ = [
+    "cli", "CliContext", "fail", "guard", "echo_json", "parse_options", "stage_names", "require_broker",
+]
+
+
+@dataclass
+class CliContext:
+    settings: Settings
+
+    def runtime(self) -> Any:
+        """The runtime (database, store, launcher) these settings call for, built on first use."""
+        from pipeline.orchestration.bootstrap import build_runtime
+
+        return build_runtime(self.settings)
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print one clear error line and exit (never a traceback)."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+@click.group()
+@click.option("--home", type=click.Path(path_type=Path), envvar="BONSAI_HOME",
+              help="Data folder (embedded mode).")
+@click.option("--db-url", envvar="BONSAI_DATABASE_URL", help="SQLAlchemy database URL.")
+@click.option("--broker-url", envvar="BONSAI_BROKER_URL", help="Celery broker URL (distributed mode).")
+@click.option("--artifact-root", type=click.Path(path_type=Path), envvar="BONSAI_ARTIFACT_ROOT")
+@click.option("-v", "--verbose", is_flag=True, help="Log at INFO level to stderr.")
+@click.pass_context
+def cli(
+    ctx: click.Context,
+    home: Path | None,
+    db_url: str | None,
+    broker_url: str | None,
+    artifact_root: Path | None,
+    verbose: bool,
+) -> None:
+    """Bonsai Pipeline: checkpoints to ternary GGUF, every step recorded."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        settings = Settings.from_env(
+            home=home, database_url=db_url, broker_url=broker_url, artifact_root=artifact_root
+        ).validate_all()
+    except PipelineError as exc:
+        fail(str(exc))
+    ctx.obj = CliContext(settings)
+
+def guard(func: Callable[..., None]) -> Callable[..., None]:
+    """Turn pipeline errors into one clear line and exit code 2, not a traceback."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        try:
+            func(*args, **kwargs)
+        except PipelineError as exc:
+            fail(str(exc))
+
+    wrapper.__name__ = func.__name__
+    wrapper.__doc__ = func.__doc__
+    return wrapper
+
+def stage_names() -> list[Any]:
+    from pipeline.core.states import StageName
+
+    return list(StageName)
+
+def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            fail(f"--option {pair!r} must look like KEY=VALUE")
+        key, raw = pair.split("=", 1)
+        try:
+            options[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[key] = raw
+    return options
+
+def require_broker(obj: CliContext, command: str) -> None:
+    if obj.settings.is_embedded:
+        fail(f"`bonsai {command}` needs a broker: set BONSAI_BROKER_URL or --broker-url "
+              "(for one checkpoint without servers, use `bonsai convert`)")

@@ -1,0 +1,124 @@
+"""Commands about provenance: audit, provenance export, key generation and signing."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pipeline.app.cli.main import (
+    CliContext,
+    cli,
+    echo_json,
+    fail,
+    guard,
+)
+
+
+def _artifact_sha(session: Any, artifact: str | None, job_id: int | None) -> str:
+    from pipeline.provenance.audit import job_gguf, resolve_artifact
+
+    if artifact is not None and job_id is not None:
+        fail("give ARTIFACT or --job N, not both")
+    if artifact is None and job_id is None:
+        fail("give ARTIFACT (a sha256 or a unique prefix of one) or --job N (that job's GGUF)")
+    return (resolve_artifact(session, artifact) if artifact else job_gguf(session, job_id)).sha256  # type: ignore[arg-type]
+
+
+@cli.command()
+@click.argument("artifact", required=False)
+@click.option("--job", "job_id", type=int, default=None, help="Audit this job's GGUF.")
+@click.option("--no-rehash", is_flag=True, help="Check the records only; do not re-read the files.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@guard
+def audit(obj: CliContext, artifact: str | None, job_id: int | None, no_rehash: bool, as_json: bool) -> None:
+    """Re-hash ARTIFACT and its whole input chain and check every provenance link; exit 1 when broken.
+
+    Signatures are checked too when BONSAI_SIGNING_PUBLIC_KEY (or BONSAI_SIGNING_KEY) is set.
+    """
+    from pipeline.db.session import session_scope
+    from pipeline.provenance.audit import audit_artifact
+    from pipeline.provenance.signing import configured_public_key
+
+    rt = obj.runtime()
+    key = configured_public_key(obj.settings.signing_public_key, obj.settings.signing_key)
+    with session_scope(rt.sessions) as session:
+        sha256 = _artifact_sha(session, artifact, job_id)
+        report = audit_artifact(session, rt.store, sha256, rehash=not no_rehash, public_key=key)
+    if as_json:
+        echo_json(report.as_dict())
+    elif report.is_ok:
+        signed = (f"{report.signatures['valid']} signature(s) valid" if key is not None
+                  else "signatures not checked (no public key configured)")
+        checked = f"{report.rehashed_bytes:,} bytes re-hashed" if report.is_rehashed else "records only"
+        click.echo(f"ok: {report.name} {sha256[:12]}: {len(report.nodes)} artifacts, {report.statements} "
+                   f"statements, {checked} in {report.elapsed_s:.2f}s; {signed}")
+    if not report.is_ok:
+        more = len(report.problems) - 1
+        click.echo(f"audit failed: {report.problems[0].message}"
+                   + (f" ({more} more problem(s); --json lists them)" if more else ""), err=True)
+        sys.exit(1)
+
+
+@cli.command("provenance")
+@click.argument("artifact", required=False)
+@click.option("--job", "job_id", type=int, default=None, help="This job's GGUF.")
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False),
+              help="Write .intoto.json files (and .dsse.json envelopes) here instead of printing JSON.")
+@click.option("--chain/--no-chain", default=True, show_default=True,
+              help="Include the statements of every input down to the source files.")
+@click.pass_obj
+@guard
+def provenance_cmd(obj: CliContext, artifact: str | None, job_id: int | None, out: Path | None,
+                   chain: bool) -> None:
+    """Export the in-toto provenance statements of ARTIFACT (and of its inputs)."""
+    from pipeline.db.session import session_scope
+    from pipeline.provenance.export import chain_statements, export_statements
+
+    rt = obj.runtime()
+    with session_scope(rt.sessions) as session:
+        sha256 = _artifact_sha(session, artifact, job_id)
+        items = chain_statements(session, rt.store, sha256, is_chain=chain)
+    if out is None:
+        echo_json(items)
+        return
+    paths = export_statements(items, out)
+    click.echo(f"{len(items)} statement(s) written to {out} ({len(paths)} files)")
+
+
+@cli.command()
+@click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Private key file (default: BONSAI_SIGNING_KEY, else <home>/keys/signing.pem).")
+@click.pass_obj
+@guard
+def keygen(obj: CliContext, out: Path | None) -> None:
+    """Make an Ed25519 key pair for signing provenance statements (never overwrites a key)."""
+    from pipeline.provenance.signing import generate_key, key_id, load_public_key
+
+    private_path, public_path = generate_key(out or obj.settings.signing_key
+                                             or obj.settings.home / "keys" / "signing.pem")
+    click.echo(f"private key {private_path} (mode 0600), public key {public_path}")
+    click.echo(f"key id {key_id(load_public_key(public_path))}")
+    click.echo(f"sign with BONSAI_SIGNING_KEY={private_path.resolve()}; "
+               f"verify elsewhere with BONSAI_SIGNING_PUBLIC_KEY={public_path.resolve()}")
+
+
+@cli.command()
+@click.option("--job", "job_id", type=int, default=None, help="Only this job's statements (default: all).")
+@click.pass_obj
+@guard
+def sign(obj: CliContext, job_id: int | None) -> None:
+    """Sign stored provenance statements not yet signed by BONSAI_SIGNING_KEY (DSSE envelopes)."""
+    from pipeline.db.session import session_scope
+    from pipeline.provenance.signing import load_private_key, sign_pending
+
+    if obj.settings.signing_key is None:
+        fail("set BONSAI_SIGNING_KEY to a private key file (make one with `bonsai keygen`)")
+    key = load_private_key(obj.settings.signing_key)  # type: ignore[arg-type]
+    rt = obj.runtime()
+    with session_scope(rt.sessions) as session:
+        count = sign_pending(session, rt.store, key, job_id)
+    click.echo(f"{count} statement(s) signed")

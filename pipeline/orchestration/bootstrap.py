@@ -1,0 +1,91 @@
+"""Build the runtime (database, store, clients) a process needs, from Settings."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine
+
+from pipeline.artifacts.local import LocalStore
+from pipeline.core.errors import InputError
+from pipeline.core.settings import Settings
+from pipeline.db import migrate
+from pipeline.db.session import make_engine, make_sessionmaker
+from pipeline.orchestration.distributed.dispatch import Dispatcher
+from pipeline.orchestration.launcher import CeleryLauncher, EmbeddedLauncher
+from pipeline.orchestration.runtime import Runtime
+from pipeline.provenance.signing import load_private_key
+
+__all__ = ["build_runtime", "with_launcher", "migrate_database", "engine_for", "forget_engines_after_fork"]
+
+
+_ENGINES: dict[str, Engine] = {}
+
+
+def engine_for(url: str) -> Engine:
+    """One engine per URL per process."""
+    if url not in _ENGINES:
+        _ENGINES[url] = make_engine(url)
+    return _ENGINES[url]
+
+
+def forget_engines_after_fork() -> None:
+    """In a forked child: drop the parent's pooled connections without closing its sockets."""
+    for engine in _ENGINES.values():
+        engine.dispose(close=False)
+    _ENGINES.clear()
+
+
+def migrate_database(settings: Settings) -> str:
+    """Apply migrations; returns the URL with any password hidden."""
+    settings.home.mkdir(parents=True, exist_ok=True)
+    engine = engine_for(settings.resolved_database_url)
+    migrate.upgrade(engine)
+    return engine.url.render_as_string(hide_password=True)
+
+
+def _require_current(engine: Engine) -> None:
+    head = ScriptDirectory.from_config(migrate.alembic_config(str(engine.url))).get_current_head()
+    with engine.connect() as connection:
+        current = MigrationContext.configure(connection).get_current_revision()
+    if current != head:
+        shown = engine.url.render_as_string(hide_password=True)
+        raise InputError(
+            f"database {shown} is at revision {current or 'none'}, code expects {head}; "
+            "run `bonsai db upgrade` first"
+        )
+
+
+def build_runtime(settings: Settings) -> Runtime:
+    """Everything a stage-running process holds. SQLite (embedded) migrates itself."""
+    url = settings.resolved_database_url
+    engine = engine_for(url)
+    if url.startswith("sqlite"):
+        migrate_database(settings)
+    else:
+        _require_current(engine)
+    from pipeline.clients.hub import HfHubClient
+
+    rt = Runtime(
+        sessions=make_sessionmaker(engine),
+        store=LocalStore(settings.resolved_artifact_root),
+        work_root=settings.resolved_work_root,
+        clients={"hub": HfHubClient(token=settings.hf_token)},
+        heartbeat_s=settings.heartbeat_s,
+        max_attempts=settings.max_attempts,
+        retry_base_s=settings.retry_base_s,
+        stage_package=settings.stage_package,
+        signing_key=load_private_key(settings.signing_key) if settings.signing_key else None,
+    )
+    return with_launcher(rt, settings)
+
+
+def with_launcher(rt: Runtime, settings: Settings) -> Runtime:
+    """`rt` with the launcher `settings` call for: embedded without a broker, Celery with one."""
+    if settings.is_embedded:
+        return replace(rt, launcher=EmbeddedLauncher(rt, settings))
+    dispatcher = Dispatcher(rt.sessions, settings)
+    fanout = dispatcher.send_runs if settings.fanout else None
+    return replace(rt, launcher=CeleryLauncher(dispatcher), fanout_dispatch=fanout)

@@ -1,0 +1,157 @@
+"""How a stage attempt's outcome becomes rows: outputs stored and linked, provenance, or the failure.
+
+Called by `execution` only, with the run row locked by the caller's transaction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import traceback
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.orm import Session
+
+from pipeline.artifacts.store import ArtifactStore
+from pipeline.core.errors import error_kind
+from pipeline.core.states import StageName, StageState
+from pipeline.db import repo
+from pipeline.db.models import StageRun, utcnow
+from pipeline.orchestration.runtime import Runtime
+from pipeline.provenance import signing
+from pipeline.provenance import statements as provenance
+from pipeline.stages.base import InputFile, StageResult
+
+__all__ = ["plain", "reuse_cached", "record_success", "record_failure", "jsonable"]
+
+
+def plain(value: Any) -> Any:
+    """Dataclasses and mappings as plain dicts (for cache keys and provenance parameters)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, Mapping):
+        return {key: plain(item) for key, item in value.items()}
+    return value
+
+
+def reuse_cached(session: Session, store: ArtifactStore, run: StageRun, key: str) -> bool:
+    source = repo.find_cached_run(session, key, exclude_run_id=run.id)
+    if source is None:
+        return False
+    outputs = [link for link in source.links if link.direction == "out"]
+    if not all(store.has(link.artifact_sha256) for link in outputs):
+        return False  # the store lost bytes: recompute rather than hand out a hole
+    for link in outputs:
+        repo.link_artifact(session, run, "out", link.name, link.artifact)
+    _note_revision(run, source.metrics)
+    repo.set_stage_state(
+        session,
+        run,
+        StageState.SKIPPED_CACHED,
+        cache_key=key,
+        cached_from_id=source.id,
+        metrics=dict(source.metrics),
+        device=source.device,
+    )
+    return True
+
+
+
+
+def record_success(
+    rt: Runtime,
+    session: Session,
+    run: StageRun,
+    stage_version: str,
+    params: Any,
+    spec: Mapping[str, Any],
+    inputs: Mapping[str, InputFile],
+    result: StageResult,
+) -> None:
+    finished_at = utcnow()
+    device = str(result.metrics.get("device", "cpu"))
+    facts = provenance.BuildFacts(
+        stage=run.stage,
+        stage_version=stage_version,
+        stage_run_id=run.id,
+        job_id=run.job_id,
+        attempt=run.attempt,
+        worker_host=rt.worker_host,
+        device=device,
+        started_at=run.started_at or finished_at,
+        finished_at=finished_at,
+        cache_key=run.cache_key,
+    )
+    input_refs = [(name, item.sha256, rt.store.uri(item.sha256)) for name, item in inputs.items()]
+    external = {
+        **spec,
+        "resolved_revision": run.job.resolved_revision,
+        "stage_parameters": plain(params),
+    }
+    known = repo.artifacts_by_digest(session, {item.sha256 for item in inputs.values()})
+    for name, item in inputs.items():
+        stored = known.get(item.sha256) or repo.record_artifact(
+            session, item.sha256, item.size_bytes, rt.store.uri(item.sha256), "input",
+            "application/octet-stream", None,
+        )
+        repo.link_artifact(session, run, "in", name, stored)
+    for output in result.outputs:
+        stored_file = rt.store.put(output.path, expected_sha256=output.sha256)
+        artifact = repo.record_artifact(
+            session, stored_file.sha256, stored_file.size_bytes, stored_file.uri,
+            output.kind, output.media_type, run,
+        )
+        repo.link_artifact(session, run, "out", output.name, artifact)
+        statement = provenance.build_statement(output.name, artifact.sha256, external, input_refs, facts)
+        repo.add_provenance(session, artifact, run, statement)
+        if rt.signing_key is not None:
+            signing.store_envelope(session, rt.store, run, signing.sign_statement(statement, rt.signing_key))
+    _note_revision(run, result.metrics)
+    repo.set_stage_state(
+        session, run, StageState.SUCCEEDED,
+        metrics=jsonable(result.metrics), warnings=list(result.warnings), device=device,
+    )
+
+
+
+
+def _note_revision(run: StageRun, metrics: Mapping[str, Any]) -> None:
+    if run.stage == StageName.DOWNLOAD.value and metrics.get("resolved_revision"):
+        run.job.resolved_revision = str(metrics["resolved_revision"])
+
+
+
+
+def _error_kind(exc: BaseException) -> str:
+    # A dropped database connection says nothing about the stage: another attempt may succeed.
+    if isinstance(exc, OperationalError | InterfaceError) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated
+    ):
+        return "retryable"
+    return error_kind(exc)
+
+
+
+
+def record_failure(session: Session, run: StageRun, exc: BaseException) -> None:
+    # A stage may attach the evidence of its failure (validate's whole report) as metrics.
+    evidence = getattr(exc, "metrics", None)
+    extra = {"metrics": jsonable(evidence)} if isinstance(evidence, Mapping) else {}
+    repo.set_stage_state(
+        session,
+        run,
+        StageState.FAILED,
+        error_kind=_error_kind(exc),
+        error_message=f"{type(exc).__name__}: {exc}",
+        error_traceback="".join(traceback.format_exception(exc))[-20000:],
+        **extra,
+    )
+
+
+
+
+def jsonable(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    plain: dict[str, Any] = json.loads(json.dumps(dict(metrics), default=str))
+    return plain
