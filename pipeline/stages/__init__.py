@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from pipeline.core.states import StageName
 
@@ -26,3 +27,11 @@ UPSTREAM: dict[StageName, tuple[StageName, ...]] = {
 def load_stage(stage: StageName, package: str = "pipeline.stages") -> ModuleType:
     """The module implementing `stage`; `package` lets benchmarks swap in no-op stages."""
     return importlib.import_module(f"{package}.{stage.value}")
+
+
+if TYPE_CHECKING:
+    # mypy checks every stage module against the Stage protocol here.
+    from pipeline.stages import checksum, decompose, download, inspect, package, validate
+    from pipeline.stages.base import Stage
+
+    STAGE_MODULES: tuple[Stage, ...] = (download, checksum, inspect, decompose, package, validate)

@@ -50,7 +50,7 @@ def dispatcher() -> Dispatcher:
     return Dispatcher.of(runtime())
 
 
-@worker_process_init.connect
+@worker_process_init.connect  # type: ignore[untyped-decorator]
 def _forget_parent_connections(**_kwargs: object) -> None:
     forget_engines_after_fork()
     _warm_up_kernel()

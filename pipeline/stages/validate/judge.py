@@ -236,7 +236,7 @@ def source_answer_check(source: ProbeResult | None, params: Params) -> Check | N
 
 
 def _outputs(probe: ProbeResult) -> dict[str, Mapping[str, Any]]:
-    found = {"completion": probe.completions[0]}
+    found: dict[str, Mapping[str, Any]] = {"completion": probe.completions[0]}
     if probe.chat:
         found["chat"] = probe.chat
     return found
