@@ -28,6 +28,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlch
 from sqlalchemy.orm import Session, sessionmaker
 
 from pipeline import fanout, provenance, signing
+from pipeline.artifacts.activity import current_activity, store_activity
 from pipeline.artifacts.store import ArtifactStore
 from pipeline.db import repo
 from pipeline.db.models import Job, StageRun, utcnow
@@ -135,8 +136,14 @@ def execute_run(rt: Runtime, run_id: int, use_cache: bool = True) -> StageState:
     Returns without doing anything when another process holds the run or it is final
     (a duplicate delivery: its current state is returned), or when an equal run is in
     flight elsewhere (the run stays pending/queued: send it again a little later).
-    Stage errors are recorded on the row, not raised.
+    Stage errors are recorded on the row, not raised. What the store did for the attempt
+    (cache hits, bytes moved) joins the stage's metrics.
     """
+    with store_activity():
+        return _execute_run(rt, run_id, use_cache)
+
+
+def _execute_run(rt: Runtime, run_id: int, use_cache: bool) -> StageState:
     claimed = _claim(rt, run_id, use_cache)
     if isinstance(claimed, StageState):
         return claimed
@@ -240,7 +247,7 @@ def join_parent(rt: Runtime, parent_id: int) -> fanout.JoinOutcome:
         _record_success(rt, session, parent, module.VERSION, params, _spec(job), inputs, result)
 
     try:
-        with session_scope(rt.sessions) as session:
+        with store_activity(), session_scope(rt.sessions) as session:
             return fanout.join(session, rt.store, parent_id, rt.max_attempts, record)
     except SQLAlchemyError:
         raise
@@ -372,9 +379,11 @@ def _record_success(
         if rt.signing_key is not None:
             signing.store_envelope(session, rt.store, run, signing.sign_statement(statement, rt.signing_key))
     _note_revision(run, result.metrics)
+    activity = current_activity()
+    store_metrics = activity.as_metrics() if activity is not None else {}
     repo.set_stage_state(
         session, run, StageState.SUCCEEDED,
-        metrics=_jsonable(result.metrics), warnings=list(result.warnings), device=device,
+        metrics=_jsonable({**result.metrics, **store_metrics}), warnings=list(result.warnings), device=device,
     )
 
 

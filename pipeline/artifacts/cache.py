@@ -94,7 +94,7 @@ class LocalCache:
             tmp.unlink(missing_ok=True)
 
     def adopt(self, source: Path, sha256: str) -> Path:
-        """Enter a file already hashed to `sha256` (a stage's output): hard-linked when it has no other name."""
+        """Enter a file already hashed to `sha256` (a stage's output); hard-linked when it has one name."""
         final = self.entry_path(sha256)
         if final.exists():
             return self.lookup(sha256) or self.adopt(source, sha256)
@@ -121,7 +121,7 @@ class LocalCache:
             os.chmod(tmp, 0o444)
             os.replace(tmp, final)
         path = self.lookup(sha256)
-        self.evict()
+        self.evict(keep=final)
         return path or final
 
     def _hold(self, fd: int) -> None:
@@ -148,14 +148,16 @@ class LocalCache:
                 found.append((stat.st_mtime, stat.st_size, Path(entry.path)))
         return found
 
-    def evict(self) -> int:
-        """Remove least recently used, unpinned entries until the cache fits; returns the bytes freed."""
+    def evict(self, keep: Path | None = None) -> int:
+        """Drop LRU unpinned entries (not `keep`) until the cache fits; returns the bytes freed."""
         entries = sorted(self._entries())
         total = sum(size for _mtime, size, _path in entries)
         freed = 0
         for _mtime, size, path in entries:
             if total <= self.max_bytes:
                 break
+            if path == keep:
+                continue
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:

@@ -121,7 +121,10 @@ class S3Store:
         stale_upload_s: float = 3600.0,
     ) -> None:
         if part_size_bytes < _MIN_PART_BYTES:
-            raise InputError(f"S3 part size {part_size_bytes} bytes is below S3's minimum of {_MIN_PART_BYTES}")
+            raise InputError(
+                f"S3 part size {part_size_bytes} bytes is below S3's minimum of {_MIN_PART_BYTES}; "
+                "raise BONSAI_S3_PART_SIZE_BYTES"
+            )
         self.location, self.cache = location, cache
         self._client = client
         self._part_size_bytes = part_size_bytes
@@ -142,7 +145,9 @@ class S3Store:
         part_size = self._part_size_for(size)
         sha256, part_checksums = _hash_file(source, part_size if size > part_size else None)
         if expected_sha256 is not None and sha256 != expected_sha256:
-            raise IntegrityError(f"{source}: stored bytes hash to {sha256}, expected {expected_sha256}; not stored")
+            raise IntegrityError(
+                f"{source}: stored bytes hash to {sha256}, expected {expected_sha256}; not stored"
+            )
         if self._size_of(sha256) is None:
             with self._errors(f"uploading {source} to {self.uri(sha256)}"):
                 if part_checksums is None:
@@ -259,15 +264,17 @@ class S3Store:
                     Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body,
                     ContentLength=len(body), ChecksumSHA256=checksums[number - 1],
                 )
-            self._count_upload(len(body))
             return {"PartNumber": number, "ETag": answer["ETag"], "ChecksumSHA256": checksums[number - 1]}
 
         try:
             with ThreadPoolExecutor(self._max_concurrency, thread_name_prefix="s3-part") as pool:
                 parts = list(pool.map(upload_part, range(1, len(checksums) + 1)))
+            # Counted here: the pool's threads do not see this context's activity window.
+            self._count_upload(size)
             try:
                 self._client.complete_multipart_upload(
-                    Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}, IfNoneMatch="*"
+                    Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts},
+                    IfNoneMatch="*",
                 )
             except Exception as exc:
                 if not self._lost_race(exc, sha256):
@@ -294,7 +301,8 @@ class S3Store:
         listing = self._client.list_multipart_uploads(Bucket=self.location.bucket, Prefix=key)
         for upload in listing.get("Uploads", []):
             if upload["Key"] == key and upload["Initiated"] <= cutoff:
-                log.info("aborting unfinished upload %s of %s from %s", upload["UploadId"], key, upload["Initiated"])
+                log.info("aborting unfinished upload %s of %s from %s",
+                         upload["UploadId"], key, upload["Initiated"])
                 self._abort(key, upload["UploadId"])
 
     def _part_size_for(self, size: int) -> int:
@@ -338,7 +346,9 @@ def _translate(exc: Exception, doing: str, endpoint: str) -> PipelineError | Non
             return InputError(f"{doing}: {endpoint} refused the request ({status} {code}: {message}); check "
                               "the bucket in BONSAI_ARTIFACT_ROOT and the AWS credentials")
         if status >= 500 or code in _TRANSIENT_CODES or code == "NoSuchUpload":
-            return TransientError(f"{doing}: {endpoint} answered {status} {code} ({message}); retrying may succeed")
+            return TransientError(
+                f"{doing}: {endpoint} answered {status} {code} ({message}); retrying may succeed"
+            )
         return InputError(f"{doing}: {endpoint} answered {status} {code} ({message})")
     if isinstance(exc, BotoCoreError | ConnectionError | TimeoutError):
         return TransientError(f"{doing}: the object store at {endpoint} is unreachable or dropped the "

