@@ -14,7 +14,7 @@ S3_DIR ?= /tmp/bonsai-seaweedfs
 WEED_ARGS = server -dir=$(S3_DIR) -ip=127.0.0.1 -ip.bind=127.0.0.1 -master.port=19333 -master.port.grpc=19334 \
 	-volume.port=18080 -volume.port.grpc=18081 -filer.port=18888 -filer.port.grpc=18889 -s3 -s3.port=$(S3_PORT) \
 	-s3.port.grpc=18334 -s3.port.iceberg=0 -s3.port.lance=0 -s3.config=$(CURDIR)/tests/support/seaweedfs_s3.json \
-	-volume.max=0 -master.volumeSizeLimitMB=256
+	-volume.max=0 -master.volumeSizeLimitMB=256 -master.electionTimeout=1s
 
 .PHONY: setup demo test services lint bench clean
 

@@ -71,6 +71,8 @@ class SeaweedServer:
             f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer_grpc']}",
             "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3_grpc']}", "-s3.port.iceberg=0",
             "-s3.port.lance=0", f"-s3.config={S3_CONFIG}", "-volume.max=0", "-master.volumeSizeLimitMB=128",
+            # One master: no peers to wait for, so a restart need not sit out the default 10 s election.
+            "-master.electionTimeout=1s",
         ]
         log = open(self.data_dir / "weed.log", "ab")  # noqa: SIM115 - lives as long as the server
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
