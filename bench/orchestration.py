@@ -44,6 +44,9 @@ from pipeline.states import STAGE_ORDER  # noqa: E402
 
 PG_ADMIN = os.environ.get("BONSAI_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 REDIS_BASE = os.environ.get("BONSAI_TEST_REDIS_URL", "redis://127.0.0.1:6379/0").rsplit("/", 1)[0]
+# The runs take turns, each flushing its database first: BONSAI_TEST_REDIS_DB gives all of them one
+# database of their own on a shared server; else 12 (reference) and 13 (bonsai).
+_SHARED_DB = os.environ.get("BONSAI_TEST_REDIS_DB")
 
 
 @contextmanager
@@ -123,7 +126,7 @@ def stage_overheads_ms(sessions, job_ids: list[int]) -> dict[str, list[float]]: 
 
 def bench_bonsai(n_jobs: int, latency_jobs: int, tmp: Path,
                  extra_env: dict[str, str] | None = None) -> tuple[float, float, int]:
-    broker = f"{REDIS_BASE}/13"
+    broker = f"{REDIS_BASE}/{_SHARED_DB or 13}"
     redis.Redis.from_url(broker).flushdb()
     with fresh_database() as db_url:
         engine = make_engine(db_url)
@@ -157,7 +160,7 @@ def bench_bonsai(n_jobs: int, latency_jobs: int, tmp: Path,
 
 
 def bench_reference(n_jobs: int, latency_jobs: int, tmp: Path) -> tuple[float, float]:
-    broker = f"{REDIS_BASE}/12"
+    broker = f"{REDIS_BASE}/{_SHARED_DB or 12}"
     client = redis.Redis.from_url(broker)
     client.flushdb()
     env = {**os.environ, "BENCH_BROKER_URL": broker}
