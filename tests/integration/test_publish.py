@@ -113,3 +113,36 @@ def test_a_passing_job_needs_no_force_and_a_bundle_is_never_written_over(failed_
     assert card.splitlines()[1] == "base_model: acme/tiny@main" and "WARNING" not in card
     with pytest.raises(InputError, match="is not empty"):
         build_bundle(facts, source, tmp_path / "b")
+
+
+@pytest.mark.services
+def test_publish_to_a_bucket_and_through_the_api(failed_job: Path, tmp_path: Path, s3_bucket: str,
+                                                 s3_endpoint: str) -> None:
+    from fastapi.testclient import TestClient
+
+    from pipeline.api.app import create_app
+    from pipeline.api.auth import new_token
+    from pipeline.settings import Settings
+    from tests.support import seaweed
+
+    published = _bonsai(failed_job, "publish", "1", "--to", f"s3://{s3_bucket}/bundle", "--force")
+    assert published.returncode == 0, published.stderr
+    raw = seaweed.client(s3_endpoint)
+    keys = {item["Key"] for item in raw.list_objects_v2(Bucket=s3_bucket)["Contents"]}
+    assert {"bundle/README.md", "bundle/SHA256SUMS", "bundle/provenance.intoto.jsonl"} <= keys
+    sums = raw.get_object(Bucket=s3_bucket, Key="bundle/SHA256SUMS")["Body"].read().decode()
+    card = raw.get_object(Bucket=s3_bucket, Key="bundle/README.md")["Body"].read()
+    assert f"{hashlib.sha256(card).hexdigest()}  README.md" in sums
+    again = _bonsai(failed_job, "publish", "1", "--to", f"s3://{s3_bucket}/bundle", "--force")
+    assert again.returncode == 2 and "exists; publish to a new prefix" in again.stderr
+
+    token, entry = new_token("ci", ("submit",))
+    client = TestClient(create_app(Settings(home=failed_job, api_tokens=entry)))
+    headers = {"Authorization": f"Bearer {token}"}
+    refused = client.post("/api/jobs/1/publish", json={"to": str(tmp_path / "api")}, headers=headers)
+    assert refused.status_code == 400 and "needs --force" in refused.json()["detail"]
+    answer = client.post("/api/jobs/1/publish", headers=headers,
+                         json={"to": str(tmp_path / "api"), "split_max_size": "300K", "force": True})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["is_split"] and len(answer.json()["gguf_files"]) == 3
+    assert (tmp_path / "api" / "SHA256SUMS").is_file()
