@@ -4,9 +4,14 @@ Side by side with bare Celery doing the same six hops per job on the same broker
 2 workers and no database (bench/celery_reference.py). Prints the median per-stage
 overhead (sequential jobs, so no queueing) and throughput (many jobs at once).
 
-    .venv/bin/python bench/orchestration.py [--jobs 200] [--latency-jobs 20]
+    .venv/bin/python bench/orchestration.py [--jobs 200] [--latency-jobs 20] [--s3]
 
-Last line: `stage_overhead_ms=… jobs_per_min=… reference_jobs_per_min=… ratio=…`.
+With `--s3` the same bonsai run is repeated with the artifact store in a SeaweedFS bucket on
+loopback (each stage's outputs uploaded, inputs read through the worker cache), and the
+per-stage overhead of both stores is printed side by side.
+
+Last line: `stage_overhead_ms=… jobs_per_min=… reference_jobs_per_min=… ratio=…`
+(+ `s3_stage_overhead_ms=… s3_jobs_per_min=… s3_overhead_ms=…` with --s3).
 Targets: ≤ 50 ms per stage, ≥ 300 jobs/min.
 """
 
@@ -39,6 +44,9 @@ from pipeline.db.session import make_engine, make_sessionmaker, session_scope  #
 
 PG_ADMIN = os.environ.get("BONSAI_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 REDIS_BASE = os.environ.get("BONSAI_TEST_REDIS_URL", "redis://127.0.0.1:6379/0").rsplit("/", 1)[0]
+# The runs take turns, each flushing its database first: BONSAI_TEST_REDIS_DB gives all of them one
+# database of their own on a shared server; else 12 (reference) and 13 (bonsai).
+_SHARED_DB = os.environ.get("BONSAI_TEST_REDIS_DB")
 
 
 @contextmanager
@@ -116,15 +124,16 @@ def stage_overheads_ms(sessions, job_ids: list[int]) -> dict[str, list[float]]: 
     return parts
 
 
-def bench_bonsai(n_jobs: int, latency_jobs: int, tmp: Path) -> tuple[float, float, int]:
-    broker = f"{REDIS_BASE}/13"
+def bench_bonsai(n_jobs: int, latency_jobs: int, tmp: Path,
+                 extra_env: dict[str, str] | None = None) -> tuple[float, float, int]:
+    broker = f"{REDIS_BASE}/{_SHARED_DB or 13}"
     redis.Redis.from_url(broker).flushdb()
     with fresh_database() as db_url:
         engine = make_engine(db_url)
         migrate.upgrade(engine)
         sessions = make_sessionmaker(engine)
         env = {**os.environ, "BONSAI_HOME": str(tmp / "home"), "BONSAI_DATABASE_URL": db_url,
-               "BONSAI_BROKER_URL": broker, "BONSAI_STAGE_PACKAGE": "bench.noop_stages"}
+               "BONSAI_BROKER_URL": broker, "BONSAI_STAGE_PACKAGE": "bench.noop_stages", **(extra_env or {})}
         worker = [sys.executable, "-m", "pipeline", "worker", "--concurrency", "1"]
         commands = [[*worker, "--hostname", f"bench{i}@%h"] for i in range(2)]
         with processes(commands, env, tmp):
@@ -151,7 +160,7 @@ def bench_bonsai(n_jobs: int, latency_jobs: int, tmp: Path) -> tuple[float, floa
 
 
 def bench_reference(n_jobs: int, latency_jobs: int, tmp: Path) -> tuple[float, float]:
-    broker = f"{REDIS_BASE}/12"
+    broker = f"{REDIS_BASE}/{_SHARED_DB or 12}"
     client = redis.Redis.from_url(broker)
     client.flushdb()
     env = {**os.environ, "BENCH_BROKER_URL": broker}
@@ -192,22 +201,49 @@ def bench_reference(n_jobs: int, latency_jobs: int, tmp: Path) -> tuple[float, f
     return statistics.median(per_hop), n_jobs / elapsed_s * 60
 
 
+def bench_s3(n_jobs: int, latency_jobs: int, tmp: Path) -> tuple[float, float, int]:
+    """The bonsai run again, artifacts in a bucket of a SeaweedFS server of its own on loopback."""
+    from tests.support import seaweed
+
+    server = seaweed.SeaweedServer(tmp / "seaweedfs").start()
+    try:
+        bucket = seaweed.new_bucket(server.endpoint_url)
+        env = {**seaweed.AWS_ENV, "BONSAI_ARTIFACT_ROOT": f"s3://{bucket}/bench",
+               "BONSAI_S3_ENDPOINT_URL": server.endpoint_url}
+        return bench_bonsai(n_jobs, latency_jobs, tmp, env)
+    finally:
+        server.kill()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--latency-jobs", type=int, default=20)
+    parser.add_argument("--s3", action="store_true", help="Also run with the store in a SeaweedFS bucket.")
     args = parser.parse_args()
+    print(f"load average before: {os.getloadavg()}")
     with tempfile.TemporaryDirectory(prefix="bonsai-bench-") as tmp_name:
         tmp = Path(tmp_name)
         (tmp / "ref").mkdir()
         ref_ms, ref_jpm = bench_reference(args.jobs, args.latency_jobs, tmp / "ref")
         ours_ms, ours_jpm, failed = bench_bonsai(args.jobs, args.latency_jobs, tmp)
+        s3 = bench_s3(args.jobs, args.latency_jobs, tmp / "s3") if args.s3 else None
     print(f"{'':28}{'bonsai':>12}{'bare celery':>14}{'ratio':>8}")
     print(f"{'per-stage overhead (ms)':28}{ours_ms:>12.1f}{ref_ms:>14.1f}{ours_ms / ref_ms:>8.2f}")
     print(f"{'jobs per minute':28}{ours_jpm:>12.0f}{ref_jpm:>14.0f}{ours_jpm / ref_jpm:>8.2f}")
     print(f"failed jobs: {failed} of {args.jobs}; 2 workers, concurrency 1 each, 6 no-op stages per job")
+    tail = ""
+    if s3 is not None:
+        s3_ms, s3_jpm, s3_failed = s3
+        print(f"{'':28}{'local store':>12}{'S3 store':>14}{'diff':>8}")
+        print(f"{'per-stage overhead (ms)':28}{ours_ms:>12.1f}{s3_ms:>14.1f}{s3_ms - ours_ms:>8.1f}")
+        print(f"{'jobs per minute':28}{ours_jpm:>12.0f}{s3_jpm:>14.0f}{s3_jpm / ours_jpm:>8.2f}")
+        print(f"failed jobs with the S3 store: {s3_failed} of {args.jobs}")
+        tail = (f" s3_stage_overhead_ms={s3_ms:.1f} s3_jobs_per_min={s3_jpm:.0f} "
+                f"s3_overhead_ms={s3_ms - ours_ms:.1f}")
+    print(f"load average after: {os.getloadavg()}")
     print(f"stage_overhead_ms={ours_ms:.1f} jobs_per_min={ours_jpm:.0f} "
-          f"reference_jobs_per_min={ref_jpm:.0f} ratio={ours_jpm / ref_jpm:.2f}")
+          f"reference_jobs_per_min={ref_jpm:.0f} ratio={ours_jpm / ref_jpm:.2f}{tail}")
 
 
 if __name__ == "__main__":

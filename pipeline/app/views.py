@@ -58,8 +58,10 @@ def run_view(run: StageRun, store: ArtifactStore | None = None) -> dict[str, Any
             "media_type": item.media_type,
             "uri": item.uri,
         }
-        if store is not None and store.has(item.sha256):
-            view["path"] = str(store.path(item.sha256))
+        # Only a path already on this machine: showing a job must not download its artifacts.
+        local = store.local_path(item.sha256) if store is not None else None
+        if local is not None:
+            view["path"] = str(local)
         return view
 
     return {

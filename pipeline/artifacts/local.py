@@ -93,8 +93,15 @@ class LocalStore:
         return final
 
     def verify(self, sha256: str) -> bool:
+        return self.rehash(sha256)[0] == sha256
+
+    def rehash(self, sha256: str) -> tuple[str, int]:
         with open(self.path(sha256), "rb") as handle:
-            return hashlib.file_digest(handle, "sha256").hexdigest() == sha256
+            return hashlib.file_digest(handle, "sha256").hexdigest(), handle.tell()
+
+    def local_path(self, sha256: str) -> Path | None:
+        final = self._final_path(sha256)
+        return final if final.is_file() else None
 
     def uri(self, sha256: str) -> str:
         return self._final_path(sha256).as_uri()

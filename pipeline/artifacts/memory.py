@@ -39,7 +39,14 @@ class MemoryStore:
         return spilled
 
     def verify(self, sha256: str) -> bool:
-        return hashlib.sha256(self._blobs[check_digest(sha256)]).hexdigest() == sha256
+        return self.rehash(sha256)[0] == sha256
+
+    def rehash(self, sha256: str) -> tuple[str, int]:
+        data = self._blobs[check_digest(sha256)]
+        return hashlib.sha256(data).hexdigest(), len(data)
+
+    def local_path(self, sha256: str) -> Path | None:
+        return self.path(sha256) if self.has(sha256) else None
 
     def uri(self, sha256: str) -> str:
         return f"memory://{check_digest(sha256)}"

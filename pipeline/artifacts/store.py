@@ -46,6 +46,17 @@ class ArtifactStore(Protocol):
         """Re-hash the stored bytes; True when they still match their key."""
         ...
 
+    def rehash(self, sha256: str) -> tuple[str, int]:
+        """Re-read the stored bytes (the store's own copy, never a cache): their sha256 and size.
+
+        KeyError when absent. Audits use it: it finds damage that `path()` would refuse.
+        """
+        ...
+
+    def local_path(self, sha256: str) -> Path | None:
+        """A path to the bytes when they are on this machine already (nothing fetched); None otherwise."""
+        ...
+
     def uri(self, sha256: str) -> str:
         """The URI recorded in the database for this digest."""
         ...

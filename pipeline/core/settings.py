@@ -28,8 +28,17 @@ class Settings(BaseSettings):
     database_url: str = ""
     # Celery broker; empty means stages run in-process (embedded mode).
     broker_url: str = ""
-    # Root of the content-addressed artifact store; empty means <home>/artifacts.
-    artifact_root: Path | None = None
+    # Root of the content-addressed artifact store: a folder, or s3://bucket/prefix for an S3-compatible
+    # object store (credentials and region from the standard AWS_* variables); empty means <home>/artifacts.
+    artifact_root: str | None = None
+    # Endpoint of that object store (SeaweedFS, MinIO, Ceph); empty means AWS_ENDPOINT_URL or AWS itself.
+    s3_endpoint_url: str | None = None
+    # Files larger than this go up to the object store in parts of this size (at least 5 MiB).
+    s3_part_size_bytes: int = 64 * 1024 * 1024
+    # Worker-local read-through cache of an s3:// store; empty means <home>/cache.
+    cache_root: Path | None = None
+    # Bound of that cache; least recently used entries go first (one larger artifact is still kept).
+    cache_max_bytes: int = 50 * 1024**3
     # Where stages get their scratch folders; empty means <home>/work.
     work_root: Path | None = None
     # Attempts of one stage before the job fails for good (worker lost, retryable errors).
@@ -66,8 +75,25 @@ class Settings(BaseSettings):
         return self.database_url or f"sqlite:///{(self.home / 'bonsai.db').resolve()}"
 
     @property
+    def is_object_store(self) -> bool:
+        """Whether artifacts live in an S3-compatible bucket (`BONSAI_ARTIFACT_ROOT=s3://…`)."""
+        return (self.artifact_root or "").startswith("s3://")
+
+    @property
     def resolved_artifact_root(self) -> Path:
-        return (self.artifact_root or self.home / "artifacts").resolve()
+        """The local store's folder; InputError for an s3:// root (use `artifact_location`)."""
+        if self.is_object_store:
+            raise InputError(f"artifact root {self.artifact_root} is a bucket, not a folder")
+        return (Path(self.artifact_root) if self.artifact_root else self.home / "artifacts").resolve()
+
+    @property
+    def artifact_location(self) -> str:
+        """The s3:// URL, or the local store's absolute folder."""
+        return str(self.artifact_root) if self.is_object_store else str(self.resolved_artifact_root)
+
+    @property
+    def resolved_cache_root(self) -> Path:
+        return (self.cache_root or self.home / "cache").resolve()
 
     @property
     def resolved_work_root(self) -> Path:

@@ -9,6 +9,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
 from pipeline.artifacts.local import LocalStore
+from pipeline.artifacts.store import ArtifactStore
 from pipeline.core.errors import InputError
 from pipeline.core.settings import Settings
 from pipeline.db import migrate
@@ -18,7 +19,10 @@ from pipeline.orchestration.launcher import CeleryLauncher, EmbeddedLauncher
 from pipeline.orchestration.runtime import Runtime
 from pipeline.provenance.signing import load_private_key
 
-__all__ = ["build_runtime", "with_launcher", "migrate_database", "engine_for", "forget_engines_after_fork"]
+__all__ = [
+    "build_runtime", "build_store", "with_launcher", "migrate_database", "engine_for",
+    "forget_engines_after_fork",
+]
 
 
 _ENGINES: dict[str, Engine] = {}
@@ -58,6 +62,21 @@ def _require_current(engine: Engine) -> None:
         )
 
 
+def build_store(settings: Settings) -> ArtifactStore:
+    """The artifact store the settings name: a local folder, or a bucket with a local cache."""
+    if not settings.is_object_store:
+        return LocalStore(settings.resolved_artifact_root)
+    from pipeline.artifacts.cache import LocalCache
+    from pipeline.artifacts.s3 import S3Location, S3Store, make_s3_client
+
+    return S3Store(
+        S3Location.parse(settings.artifact_location),
+        make_s3_client(settings.s3_endpoint_url),
+        LocalCache(settings.resolved_cache_root, settings.cache_max_bytes),
+        part_size_bytes=settings.s3_part_size_bytes,
+    )
+
+
 def build_runtime(settings: Settings) -> Runtime:
     """Everything a stage-running process holds. SQLite (embedded) migrates itself."""
     url = settings.resolved_database_url
@@ -70,7 +89,7 @@ def build_runtime(settings: Settings) -> Runtime:
 
     rt = Runtime(
         sessions=make_sessionmaker(engine),
-        store=LocalStore(settings.resolved_artifact_root),
+        store=build_store(settings),
         work_root=settings.resolved_work_root,
         clients={"hub": HfHubClient(token=settings.hf_token)},
         heartbeat_s=settings.heartbeat_s,

@@ -21,6 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from pipeline.artifacts.activity import store_activity
 from pipeline.artifacts.store import ArtifactStore
 from pipeline.core.errors import InputError
 from pipeline.core.states import StageName, StageState
@@ -101,8 +102,14 @@ def execute_run(rt: Runtime, run_id: int, use_cache: bool = True) -> StageState:
     Returns without doing anything when another process holds the run or it is final
     (a duplicate delivery: its current state is returned), or when an equal run is in
     flight elsewhere (the run stays pending/queued: send it again a little later).
-    Stage errors are recorded on the row, not raised.
+    Stage errors are recorded on the row, not raised. What the store did for the attempt
+    (cache hits, bytes moved) joins the stage's metrics.
     """
+    with store_activity():
+        return _execute_run(rt, run_id, use_cache)
+
+
+def _execute_run(rt: Runtime, run_id: int, use_cache: bool) -> StageState:
     claimed = _claim(rt, run_id, use_cache)
     if isinstance(claimed, StageState):
         return claimed
@@ -206,7 +213,7 @@ def join_shards(rt: Runtime, parent_id: int) -> fanout.JoinOutcome:
         record_success(rt, session, parent, module.VERSION, params, _spec(job), inputs, result)
 
     try:
-        with session_scope(rt.sessions) as session:
+        with store_activity(), session_scope(rt.sessions) as session:
             return fanout.settle_parent(session, rt.store, parent_id, rt.max_attempts, record)
     except SQLAlchemyError:
         raise
@@ -240,5 +247,3 @@ def _clients_for(func: Any, clients: Mapping[str, Any]) -> dict[str, Any]:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
         return dict(clients)
     return {name: client for name, client in clients.items() if name in accepted}
-
-

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
+from pipeline.artifacts.activity import current_activity
 from pipeline.artifacts.store import ArtifactStore
 from pipeline.core.errors import error_kind
 from pipeline.core.states import StageName, StageState
@@ -109,9 +110,11 @@ def record_success(
         if rt.signing_key is not None:
             signing.store_envelope(session, rt.store, run, signing.sign_statement(statement, rt.signing_key))
     _note_revision(run, result.metrics)
+    activity = current_activity()
+    store_metrics = activity.as_metrics() if activity is not None else {}
     repo.set_stage_state(
         session, run, StageState.SUCCEEDED,
-        metrics=jsonable(result.metrics), warnings=list(result.warnings), device=device,
+        metrics=jsonable({**result.metrics, **store_metrics}), warnings=list(result.warnings), device=device,
     )
 
 

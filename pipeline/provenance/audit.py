@@ -17,10 +17,8 @@ them; the first one is the "first broken link" that `bonsai audit` names.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
@@ -139,12 +137,6 @@ def statement_name(statement: dict[str, Any]) -> str | None:
         return None
 
 
-def _hash_file(path: Path) -> tuple[str, int]:
-    with open(path, "rb") as handle:
-        digest = hashlib.file_digest(handle, "sha256")
-        return digest.hexdigest(), handle.tell()
-
-
 class _Walker:
     """Depth-first walk over the chain; holds what has been checked and what broke."""
 
@@ -199,7 +191,8 @@ class _Walker:
             return
         if not self.report.is_rehashed:
             return
-        actual, size = _hash_file(self.store.path(sha256))
+        # The store's own copy (a bucket's object, not a worker's cached copy of it) is what is checked.
+        actual, size = self.store.rehash(sha256)
         self.report.rehashed_bytes += size
         if actual != sha256:
             self.problem(

@@ -13,10 +13,17 @@ from pipeline.artifacts import LocalStore, MemoryStore
 from pipeline.core.errors import InputError, IntegrityError
 
 
-@pytest.fixture(params=["local", "memory"])
+@pytest.fixture(params=["local", "memory", "s3"])
 def store(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore[no-untyped-def]
     if request.param == "local":
         return LocalStore(tmp_path / "store")
+    if request.param == "s3":
+        from pipeline.artifacts.cache import LocalCache
+        from pipeline.artifacts.s3 import S3Location, S3Store, make_s3_client
+
+        bucket = request.getfixturevalue("s3_bucket")
+        return S3Store(S3Location(bucket, "contract"), make_s3_client(os.environ["BONSAI_S3_ENDPOINT_URL"]),
+                       LocalCache(tmp_path / "cache", 1 << 30))
     return MemoryStore()
 
 
@@ -49,6 +56,23 @@ def test_same_bytes_twice_is_one_entry_and_never_overwritten(store, tmp_path: Pa
     second = store.put(_file(tmp_path, "b", b"same"))
     assert first == second
     assert store.path(first.sha256).read_bytes() == b"same"
+
+
+def test_rehash_and_local_path(store, tmp_path: Path) -> None:
+    data = os.urandom(5000)
+    stored = store.put(_file(tmp_path, "a", data))
+    assert store.rehash(stored.sha256) == (stored.sha256, len(data))
+    local = store.local_path(stored.sha256)
+    assert local is not None and local.read_bytes() == data
+    with pytest.raises(KeyError):
+        store.rehash("1" * 64)
+    assert store.local_path("1" * 64) is None
+
+
+def test_source_is_left_in_place(store, tmp_path: Path) -> None:
+    source = _file(tmp_path, "a", b"keep me")
+    store.put(source)
+    assert source.read_bytes() == b"keep me"
 
 
 def test_bad_keys_are_refused(store) -> None:

@@ -52,15 +52,17 @@ class Cluster:
         return subprocess.run([sys.executable, "-m", "pipeline", *args], env=self.env, cwd=ROOT,
                               capture_output=True, text=True, timeout=timeout_s)
 
-    def _spawn(self, args: Sequence[str], log_name: str) -> subprocess.Popen[bytes]:
+    def _spawn(self, args: Sequence[str], log_name: str, env: dict[str, str] | None = None
+               ) -> subprocess.Popen[bytes]:
         log = open(self.home / log_name, "ab")  # noqa: SIM115 - closed with the process
-        return subprocess.Popen([sys.executable, "-m", "pipeline", *args], env=self.env, cwd=ROOT,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen([sys.executable, "-m", "pipeline", *args], env={**self.env, **(env or {})},
+                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
-    def start_worker(self, queues: str = "io,cpu,gpu") -> subprocess.Popen[bytes]:
+    def start_worker(self, queues: str = "io,cpu,gpu", **env: str) -> subprocess.Popen[bytes]:
+        """A `bonsai worker`; `env` overrides this worker's variables (its own BONSAI_HOME, say)."""
         index = len(self.workers)
         proc = self._spawn(["worker", "--queues", queues, "--concurrency", "1",
-                            "--hostname", f"w{index}@%h"], f"worker{index}.log")
+                            "--hostname", f"w{index}@%h"], f"worker{index}.log", env)
         self.workers.append(proc)
         return proc
 

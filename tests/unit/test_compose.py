@@ -69,3 +69,14 @@ def test_stateful_services_have_healthchecks_and_migrate_runs_first(services: di
 def test_a_bad_command_would_be_caught() -> None:
     with pytest.raises(click.UsageError):
         _parse(["worker", "--no-such-option"])
+
+
+def test_workers_share_no_folder_and_keep_artifacts_in_the_bucket(services: dict[str, Any]) -> None:
+    workers = {name: svc for name, svc in services.items() if name.startswith("worker-")}
+    for name, svc in workers.items():
+        assert svc["environment"]["BONSAI_ARTIFACT_ROOT"].startswith("s3://"), name
+        assert svc["environment"]["BONSAI_S3_ENDPOINT_URL"] == "http://s3:8333", name
+        assert svc["depends_on"]["s3"]["condition"] == "service_healthy", name
+    mounted = [volume.split(":")[0] for svc in workers.values() for volume in svc.get("volumes", [])]
+    assert len(mounted) == len(set(mounted)) == len(workers), f"each worker its own cache volume: {mounted}"
+    assert "healthcheck" in services["s3"]

@@ -51,7 +51,7 @@ def echo_json(data: Any) -> None:
               help="Data folder (embedded mode).")
 @click.option("--db-url", envvar="BONSAI_DATABASE_URL", help="SQLAlchemy database URL.")
 @click.option("--broker-url", envvar="BONSAI_BROKER_URL", help="Celery broker URL (distributed mode).")
-@click.option("--artifact-root", type=click.Path(path_type=Path), envvar="BONSAI_ARTIFACT_ROOT")
+@click.option("--artifact-root", envvar="BONSAI_ARTIFACT_ROOT", help="Store folder, or s3://bucket/prefix.")
 @click.option("-v", "--verbose", is_flag=True, help="Log at INFO level to stderr.")
 @click.pass_context
 def cli(
@@ -59,7 +59,7 @@ def cli(
     home: Path | None,
     db_url: str | None,
     broker_url: str | None,
-    artifact_root: Path | None,
+    artifact_root: str | None,
     verbose: bool,
 ) -> None:
     """Bonsai Pipeline: checkpoints to ternary GGUF, every step recorded."""

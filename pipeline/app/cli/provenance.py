@@ -122,3 +122,30 @@ def sign(obj: CliContext, job_id: int | None) -> None:
     with session_scope(rt.sessions) as session:
         count = sign_pending(session, rt.store, key, job_id)
     click.echo(f"{count} statement(s) signed")
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@click.option("--to", "dest", required=True, help="A new folder, or s3://bucket/prefix.")
+@click.option("--split-max-size", default=None,
+              help="Split the GGUF into llama.cpp split files of at most this size (2G, 500M).")
+@click.option("--force", is_flag=True, help="Publish even though validation failed (the card says so).")
+@click.pass_obj
+@guard
+def publish(obj: CliContext, job_id: int, dest: str, split_max_size: str | None, force: bool) -> None:
+    """A shareable bundle of JOB: GGUF (split if asked), model card, SHA256SUMS, provenance."""
+    from pipeline.app.publishing import publish_job
+    from pipeline.db.session import session_scope
+    from pipeline.publish import parse_size
+
+    max_bytes = parse_size(split_max_size) if split_max_size else None
+    rt = obj.runtime()
+    client = None
+    if dest.startswith("s3://"):
+        from pipeline.artifacts.s3 import make_s3_client
+
+        client = make_s3_client(obj.settings.s3_endpoint_url)
+    with session_scope(rt.sessions) as session:
+        bundle, where = publish_job(session, rt.store, job_id, dest, split_max_bytes=max_bytes,
+                                    is_forced=force, s3_client=client)
+    click.echo(f"job {job_id} published to {where}: {', '.join(bundle.files)}, SHA256SUMS")
