@@ -15,6 +15,7 @@ from pipeline.db.session import session_scope
 from pipeline.orchestration.embedded import StageEvent, run_job
 from pipeline.orchestration.job_control import JobRequest, create_jobs
 from pipeline.orchestration.runtime import Runtime
+from pipeline.stages.sources import SourcePolicy
 
 __all__ = ["convert_source", "run_and_report"]
 
@@ -31,7 +32,8 @@ def convert_source(
 ) -> int:
     """Submit one job and run it in-process; returns the exit code (0 when it succeeded)."""
     with session_scope(rt.sessions) as session:
-        (job_id,) = create_jobs(session, [JobRequest(source, recipe, 0, options)], "cli:convert")
+        policy = SourcePolicy.from_roots(rt.source_roots, allow_any_local=True)
+        (job_id,) = create_jobs(session, [JobRequest(source, recipe, 0, options)], "cli:convert", policy)
     Console(stderr=as_json).print(f"job [bold]{job_id}[/bold]: converting {source} with recipe {recipe}")
     return run_and_report(rt, job_id, as_json, out)
 

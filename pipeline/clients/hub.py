@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -63,8 +63,11 @@ class HubClient(Protocol):
         """
         ...
 
-    def download_snapshot(self, repo_id: str, commit_sha: str) -> Path:
-        """A local folder holding every file of the commit (it may contain symlinks into a cache)."""
+    def download_snapshot(
+        self, repo_id: str, commit_sha: str, allow_patterns: Sequence[str] | None = None
+    ) -> Path:
+        """A local folder holding the commit's files (those matching `allow_patterns`, when given);
+        it may contain symlinks into a cache."""
         ...
 
 
@@ -139,7 +142,9 @@ class HfHubClient:
             ]
         return sorted(files, key=lambda item: item.name)
 
-    def download_snapshot(self, repo_id: str, commit_sha: str) -> Path:
+    def download_snapshot(
+        self, repo_id: str, commit_sha: str, allow_patterns: Sequence[str] | None = None
+    ) -> Path:
         """See `HubClient.download_snapshot`; raises InputError or TransientError."""
         from huggingface_hub import snapshot_download
 
@@ -150,6 +155,7 @@ class HfHubClient:
                 cache_dir=self._cache_dir,
                 token=self._token,
                 local_files_only=self._offline(),
+                allow_patterns=list(allow_patterns) if allow_patterns is not None else None,
                 library_name="bonsai-pipeline",
             )
         return Path(folder)

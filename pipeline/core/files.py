@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
@@ -24,7 +25,10 @@ from typing import Any
 
 from pipeline.core.errors import InputError, IntegrityError
 
-__all__ = ["atomic_path", "commit_file", "write_json", "sha256_file", "safe_relpath", "PARTIAL_SUFFIX"]
+__all__ = [
+    "atomic_path", "commit_file", "write_json", "sha256_file", "safe_relpath", "require_free_space",
+    "PARTIAL_SUFFIX",
+]
 
 PARTIAL_SUFFIX = ".partial"
 
@@ -100,6 +104,29 @@ def write_json(dest: Path, document: Any, *, indent: int | None = 2, sort_keys: 
     if dest.read_text(encoding="utf-8") != text:
         raise IntegrityError(f"{dest}: re-read content differs from what was written")
     return text
+
+
+# Headroom kept free beyond what a stage says it needs (logs, databases, other work on the disk).
+_FREE_MARGIN_BYTES = 256 << 20
+
+
+def require_free_space(folder: Path, needed_bytes: int, what: str) -> int:
+    """Refuse, before writing anything, when `folder`'s file system cannot take `needed_bytes`.
+
+    Returns the free bytes. InputError names both numbers and the fix.
+    """
+    free = shutil.disk_usage(folder).free
+    if needed_bytes > 0 and needed_bytes + _FREE_MARGIN_BYTES > free:
+        raise InputError(
+            f"not enough disk space for {what}: needs {_gb(needed_bytes)} (+{_gb(_FREE_MARGIN_BYTES)} "
+            f"headroom) in {folder}, {_gb(free)} free; free some space, or point BONSAI_WORK_ROOT "
+            "at a larger disk"
+        )
+    return free
+
+
+def _gb(n_bytes: int) -> str:
+    return f"{n_bytes / 1e9:.2f} GB"
 
 
 def sha256_file(path: Path) -> str:

@@ -8,6 +8,7 @@ applies: a SQLite file and an artifact store under `BONSAI_HOME` (default
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,9 @@ class Settings(BaseSettings):
     work_root: Path | None = None
     # Attempts of one stage before the job fails for good (worker lost, retryable errors).
     max_attempts: int = 3
+    # A worker's cap on one stage attempt's memory, in MB (0: none). An attempt past it is recorded
+    # as "out of memory" and stopped; the job fails once the attempt limit is reached.
+    worker_memory_mb: int = 0
     # Seconds between heartbeats of a running stage.
     heartbeat_s: float = 10.0
     # Seconds without a heartbeat after which a running stage counts as lost.
@@ -60,6 +64,9 @@ class Settings(BaseSettings):
     # HTTP API bearer tokens, comma-separated "name:scopes:sha256hex" (scopes read, submit, joined by "+");
     # only the tokens' sha256 hashes are configured. `bonsai api-token NAME` makes an entry.
     api_tokens: str = Field(default="", repr=False)
+    # Folders local sources must resolve into (os.pathsep- or comma-separated). Empty: the API
+    # accepts hub ids only, and the CLI any path its user can read.
+    source_roots: str = ""
     # Ed25519 private key (PEM) that signs provenance statements; unset means statements stay unsigned.
     signing_key: Path | None = None
     # Ed25519 public key (PEM) that `bonsai audit` checks signatures with; unset means the signing key's.
@@ -100,11 +107,21 @@ class Settings(BaseSettings):
         return (self.work_root or self.home / "work").resolve()
 
     @property
+    def source_root_list(self) -> tuple[str, ...]:
+        """`source_roots` split into folder names."""
+        parts = self.source_roots.replace(",", os.pathsep).split(os.pathsep)
+        return tuple(part.strip() for part in parts if part.strip())
+
+    @property
     def is_embedded(self) -> bool:
         return not self.broker_url
 
     def validate_all(self) -> Settings:
         """Check values a process cannot run without; returns self for chaining."""
+        if self.worker_memory_mb < 0:
+            raise InputError(
+                f"BONSAI_WORKER_MEMORY_MB must be 0 (no cap) or more, got {self.worker_memory_mb}"
+            )
         if self.max_attempts < 1:
             raise InputError(f"BONSAI_MAX_ATTEMPTS must be at least 1, got {self.max_attempts}")
         if self.heartbeat_timeout_s <= 2 * self.heartbeat_s:

@@ -23,7 +23,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-__all__ = ["Base", "Job", "StageRun", "Artifact", "RunArtifact", "Provenance", "utcnow"]
+__all__ = ["Base", "Job", "StageRun", "Artifact", "RunArtifact", "Provenance", "Worker", "utcnow"]
 
 
 def utcnow() -> datetime:
@@ -86,6 +86,9 @@ class StageRun(Base):
     cache_key: Mapped[str | None] = mapped_column(String(64))
     # For skipped-cached runs: the run whose outputs were reused.
     cached_from_id: Mapped[int | None] = mapped_column(ForeignKey("stage_runs.id"))
+    # The failed attempt this one retries. Unique: one lost or failed attempt gets exactly one
+    # retry, however many reconcilers or workers decide on it at once.
+    retry_of_id: Mapped[int | None] = mapped_column(ForeignKey("stage_runs.id"), unique=True)
     # Set by `retry --force`: this attempt must not reuse a cached result.
     is_forced: Mapped[bool] = mapped_column(Boolean, default=False)
     error_kind: Mapped[str | None] = mapped_column(String(16))
@@ -154,3 +157,23 @@ class Provenance(Base):
     stage_run_id: Mapped[int] = mapped_column(ForeignKey("stage_runs.id", ondelete="CASCADE"))
     statement: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Worker(Base):
+    """A live (or last seen) worker process: its queues and the task ids it holds, stamped often.
+
+    The reconciler trusts a message held in the broker's unacked set only while the worker
+    that holds it keeps beating here; `bonsai workers` lists these rows.
+    """
+
+    __tablename__ = "workers"
+
+    name: Mapped[str] = mapped_column(String(256), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(256))
+    pid: Mapped[int] = mapped_column(Integer)
+    queues: Mapped[list[str]] = mapped_column(default=list)
+    concurrency: Mapped[int] = mapped_column(Integer, default=1)
+    held_task_ids: Mapped[list[str]] = mapped_column(default=list)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+    stopped_at: Mapped[datetime | None]

@@ -11,11 +11,12 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select, text, update
+from sqlalchemy.exc import IntegrityError as SAIntegrityError
 from sqlalchemy.orm import Session, selectinload
 
 from pipeline.core.errors import InputError
 from pipeline.core.states import JobState, StageName, StageState, require
-from pipeline.db.models import Artifact, Job, Provenance, RunArtifact, StageRun, utcnow
+from pipeline.db.models import Artifact, Job, Provenance, RunArtifact, StageRun, Worker, utcnow
 
 __all__ = [
     "create_job",
@@ -81,8 +82,12 @@ def new_attempt(
     state: StageState = StageState.PENDING,
     shard: str = "",
     parent: StageRun | None = None,
+    retry_of: StageRun | None = None,
 ) -> StageRun:
-    """Add the next attempt row for `stage` (or for one `shard` of it); earlier attempts stay."""
+    """Add the next attempt row for `stage` (or for one `shard` of it); earlier attempts stay.
+
+    Retries of a failed attempt go through `retry_attempt`, which guards against doubles.
+    """
     last = session.scalar(
         select(func.max(StageRun.attempt)).where(
             StageRun.job_id == job.id, StageRun.stage == stage.value, StageRun.shard == shard
@@ -90,11 +95,31 @@ def new_attempt(
     )
     run = StageRun(job_id=job.id, stage=stage.value, shard=shard, attempt=(last or 0) + 1, status=state.value,
                    parent_run_id=parent.id if parent is not None else None,
-                   is_forced=parent.is_forced if parent is not None else False)
+                   is_forced=parent.is_forced if parent is not None else False,
+                   retry_of_id=retry_of.id if retry_of is not None else None)
     if state is StageState.QUEUED:
         run.queued_at = utcnow()
     session.add(run)
     session.flush()
+    return run
+
+
+def retry_attempt(session: Session, failed: StageRun) -> StageRun | None:
+    """The one retry of `failed` (a new pending attempt), or None when it already has one.
+
+    The unique ``retry_of_id`` column is the guard: however many processes decide at once that
+    an attempt must be retried, one insert wins and the others see its row instead.
+    """
+    existing = session.scalar(select(StageRun).where(StageRun.retry_of_id == failed.id))
+    if existing is not None:
+        return None
+    parent = session.get(StageRun, failed.parent_run_id) if failed.parent_run_id else None
+    try:
+        with session.begin_nested():
+            run = new_attempt(session, failed.job, StageName(failed.stage), shard=failed.shard, parent=parent,
+                              retry_of=failed)
+    except SAIntegrityError:
+        return None  # another process retried it first (its row commits with its transaction)
     return run
 
 
@@ -271,3 +296,46 @@ def running_with_key(session: Session, key: str, exclude_run_id: int, heartbeat_
         )
         is not None
     )
+
+
+# --- worker heartbeats -------------------------------------------------------------------------
+
+
+def worker_started(session: Session, name: str, hostname: str, pid: int, queues: Sequence[str],
+                   concurrency: int) -> Worker:
+    """Record (or renew, after a restart under the same name) a worker's row."""
+    now = utcnow()
+    worker = session.get(Worker, name) or Worker(name=name)
+    worker.hostname, worker.pid, worker.queues, worker.concurrency = hostname, pid, list(queues), concurrency
+    worker.held_task_ids, worker.started_at, worker.heartbeat_at, worker.stopped_at = [], now, now, None
+    session.add(worker)
+    session.flush()
+    return worker
+
+
+def worker_beat(session: Session, name: str, held_task_ids: Sequence[str]) -> None:
+    """Stamp a worker alive with the task ids it holds now."""
+    session.execute(
+        update(Worker).where(Worker.name == name)
+        .values(heartbeat_at=utcnow(), held_task_ids=list(held_task_ids))
+        .execution_options(synchronize_session=False)
+    )
+
+
+def worker_stopped(session: Session, name: str) -> None:
+    session.execute(
+        update(Worker).where(Worker.name == name)
+        .values(stopped_at=utcnow(), held_task_ids=[])
+        .execution_options(synchronize_session=False)
+    )
+
+
+def live_workers(session: Session, since: datetime) -> list[Worker]:
+    """Workers that beat after `since` and have not stopped."""
+    return list(session.scalars(
+        select(Worker).where(Worker.heartbeat_at >= since, Worker.stopped_at.is_(None)).order_by(Worker.name)
+    ))
+
+
+def all_workers(session: Session) -> list[Worker]:
+    return list(session.scalars(select(Worker).order_by(Worker.name)))

@@ -18,6 +18,7 @@ from pipeline.orchestration.distributed.dispatch import Dispatcher
 from pipeline.orchestration.launcher import CeleryLauncher, EmbeddedLauncher
 from pipeline.orchestration.runtime import Runtime
 from pipeline.provenance.signing import load_private_key
+from pipeline.stages.sources import SourcePolicy
 
 __all__ = [
     "build_runtime", "build_store", "with_launcher", "migrate_database", "engine_for",
@@ -91,7 +92,12 @@ def build_runtime(settings: Settings) -> Runtime:
         sessions=make_sessionmaker(engine),
         store=build_store(settings),
         work_root=settings.resolved_work_root,
-        clients={"hub": HfHubClient(token=settings.hf_token)},
+        # The download stage checks local sources against the allowed folders again when it runs.
+        clients={
+            "hub": HfHubClient(token=settings.hf_token),
+            "source_policy": SourcePolicy.from_roots(settings.source_root_list, allow_any_local=True),
+        },
+        source_roots=settings.source_root_list,
         heartbeat_s=settings.heartbeat_s,
         max_attempts=settings.max_attempts,
         retry_base_s=settings.retry_base_s,

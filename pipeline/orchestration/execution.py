@@ -7,11 +7,14 @@ outcome handling of its own.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import json
 import logging
+import os
 import shutil
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -30,6 +33,8 @@ from pipeline.db.models import Job, StageRun, utcnow
 from pipeline.db.session import session_scope
 from pipeline.orchestration import fanout
 from pipeline.orchestration.heartbeat import Heartbeat
+from pipeline.orchestration.memory_guard import MemoryGuard
+from pipeline.orchestration.progression import OUT_OF_MEMORY
 from pipeline.orchestration.recording import plain, record_failure, record_success, reuse_cached
 from pipeline.orchestration.runtime import Runtime
 from pipeline.stages import UPSTREAM, load_stage
@@ -126,7 +131,7 @@ def _execute_run(rt: Runtime, run_id: int, use_cache: bool) -> StageState:
     workdir.mkdir(parents=True)
     heartbeat = Heartbeat(rt, run_id)
     try:
-        with heartbeat:
+        with heartbeat, _memory_guard(rt, run_id):
             result = module.run(params, inputs, workdir, **_clients_for(module.run, rt.clients))
         with session_scope(rt.sessions) as session:
             run = _lock_run(session, run_id)
@@ -224,6 +229,28 @@ def join_shards(rt: Runtime, parent_id: int) -> fanout.JoinOutcome:
             if parent.status == StageState.RUNNING.value:
                 record_failure(session, parent, exc)
         return fanout.JoinOutcome(parent_state=StageState.FAILED)
+
+
+def _memory_guard(rt: Runtime, run_id: int) -> contextlib.AbstractContextManager[object]:
+    """Outside a worker (no cap): nothing. In a worker: stop the attempt past its memory cap."""
+    cap_bytes = rt.memory_limit_bytes
+    if not cap_bytes:
+        return contextlib.nullcontext()
+
+    def exceeded(used_bytes: int) -> None:
+        with session_scope(rt.sessions) as session:
+            run = _lock_run(session, run_id)
+            if run.status == StageState.RUNNING.value:
+                repo.set_stage_state(
+                    session, run, StageState.FAILED, error_kind="retryable",
+                    error_message=f"{OUT_OF_MEMORY}: the stage's process grew to {used_bytes >> 20:,} MB, "
+                    f"over this worker's cap of {cap_bytes >> 20:,} MB (BONSAI_WORKER_MEMORY_MB); "
+                    "run it on a worker with more memory or raise the cap",
+                )
+        # Give the memory back now; the worker's main process sees its child gone and moves on.
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    return MemoryGuard(cap_bytes, exceeded)
 
 
 def _cache_key_for(module: Any, stage: StageName, params: Any, inputs: Mapping[str, InputFile],

@@ -90,20 +90,23 @@ def settle_parent(session: Session, store: Any, parent_id: int, max_attempts: in
     children = latest_children(session, parent)
     if not children or any(child.status in _ACTIVE for child in children):
         return JoinOutcome()
-    retry, fatal = [], None
+    retry, fatal, is_retried_elsewhere = [], None, False
     for child in children:
         if child.status in (StageState.SUCCEEDED.value, StageState.SKIPPED_CACHED.value):
             continue
         if child.error_kind == "retryable" and child.attempt < max_attempts:
-            retry.append(repo.new_attempt(session, parent.job, StageName(parent.stage), shard=child.shard,
-                                          parent=parent).id)
+            again = repo.retry_attempt(session, child)
+            if again is None:
+                is_retried_elsewhere = True  # its one retry exists already: wait for that one
+            else:
+                retry.append(again.id)
         elif fatal is None:
             fatal = child
     if fatal is not None:
         repo.set_stage_state(session, parent, StageState.FAILED, error_kind=fatal.error_kind,
                              error_message=f"shard {fatal.shard}: {fatal.error_message}")
         return JoinOutcome(parent_state=StageState.FAILED)
-    if retry:
+    if retry or is_retried_elsewhere:
         return JoinOutcome(retry_run_ids=retry)
     _merge_into(store, parent, children, record, session)
     return JoinOutcome(parent_state=StageState.SUCCEEDED)

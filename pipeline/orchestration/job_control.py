@@ -16,6 +16,7 @@ from pipeline.core.states import STAGE_ORDER, JobState, StageName, StageState
 from pipeline.db import repo
 from pipeline.orchestration import coordinator
 from pipeline.provenance.statements import redact
+from pipeline.stages.sources import SourcePolicy
 
 __all__ = ["JobRequest", "read_manifest", "check_request", "create_jobs", "retry_job", "cancel_job"]
 
@@ -77,10 +78,17 @@ def check_request(request: JobRequest) -> None:
         )
 
 
-def create_jobs(session: Session, requests: Sequence[JobRequest], submitted_by: str | None) -> list[int]:
-    """Record the jobs (checked first, so a bad one records none of them); returns their ids."""
+def create_jobs(
+    session: Session, requests: Sequence[JobRequest], submitted_by: str | None, policy: SourcePolicy
+) -> list[int]:
+    """Record the jobs (checked first, so a bad one records none of them); returns their ids.
+
+    `policy` says which local paths this submitter may name (the API: only under
+    BONSAI_SOURCE_ROOTS); InputError names the first request it refuses.
+    """
     for request in requests:
         check_request(request)
+        policy.check(request.source)
     return [
         repo.create_job(session, r.source, r.recipe, r.options, r.priority, submitted_by).id for r in requests
     ]

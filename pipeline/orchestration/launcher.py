@@ -18,6 +18,7 @@ from pipeline.db.session import session_scope
 from pipeline.orchestration.distributed.dispatch import Dispatcher
 from pipeline.orchestration.job_control import JobRequest, create_jobs
 from pipeline.orchestration.runtime import Launcher, Runtime
+from pipeline.stages.sources import SourcePolicy
 
 __all__ = ["EmbeddedLauncher", "CeleryLauncher", "submit_jobs"]
 
@@ -94,7 +95,9 @@ class CeleryLauncher:
         """Nothing runs here: workers keep going."""
 
 
-def submit_jobs(rt: Runtime, requests: Sequence[JobRequest], submitted_by: str | None) -> list[int]:
+def submit_jobs(
+    rt: Runtime, requests: Sequence[JobRequest], submitted_by: str | None, policy: SourcePolicy
+) -> list[int]:
     """Record every job first (one transaction, checked before any row exists), then start them.
 
     A crash between the two leaves pending jobs that the reconciler (or a retry) starts.
@@ -103,7 +106,7 @@ def submit_jobs(rt: Runtime, requests: Sequence[JobRequest], submitted_by: str |
     if launcher is None:
         raise ValueError("this runtime has no launcher; build it with bootstrap.build_runtime")
     with session_scope(rt.sessions) as session:
-        job_ids = create_jobs(session, requests, submitted_by)
+        job_ids = create_jobs(session, requests, submitted_by, policy)
     for job_id in job_ids:
         launcher.start(job_id)
     return job_ids

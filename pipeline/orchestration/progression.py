@@ -17,10 +17,11 @@ from pipeline.db.models import Job, StageRun
 from pipeline.orchestration import coordinator
 from pipeline.orchestration.coordinator import Step, StepKind
 
-__all__ = ["advance_job", "retry_delay_s", "WORKER_LOST"]
+__all__ = ["advance_job", "retry_delay_s", "WORKER_LOST", "OUT_OF_MEMORY"]
 
-# error_message prefix of attempts whose worker died or vanished.
+# error_message prefixes of attempts whose worker died or vanished, or that outgrew their memory cap.
 WORKER_LOST = "worker lost"
+OUT_OF_MEMORY = "out of memory"
 
 
 def retry_delay_s(attempt: int, base_s: float, cap_s: float = 600.0) -> float:
@@ -66,8 +67,10 @@ def advance_job(
         repo.set_job_state(session, job, JobState.CANCELLED)
         return Step(StepKind.CANCELLED)
     if failed.error_kind == "retryable" and failed.attempt < max_attempts:
-        run = repo.new_attempt(session, job, stage)
-        return _ready(session, job, run, task_id, retry_delay_s(failed.attempt, retry_base_s))
+        again = repo.retry_attempt(session, failed)
+        if again is None:  # retried already by another process: that attempt decides
+            return Step(StepKind.WAIT, stage, failed.id)
+        return _ready(session, job, again, task_id, retry_delay_s(failed.attempt, retry_base_s))
     repo.set_job_state(session, job, JobState.FAILED, error_message=_failure_reason(session, job, failed))
     return Step(StepKind.FAILED, stage, failed.id)
 
@@ -86,9 +89,10 @@ def _failure_reason(session: Session, job: Job, failed: StageRun) -> str:
             StageRun.job_id == job.id, StageRun.stage == failed.stage, StageRun.shard == ""
         )
     ).all()
-    lost = sum(1 for run in attempts if (run.error_message or "").startswith(WORKER_LOST))
-    if failed.error_kind == "retryable" and lost == len(attempts):
-        return f"{failed.stage} failed: {WORKER_LOST} {lost} times (last: {failed.error_message})"
+    for cause in (WORKER_LOST, OUT_OF_MEMORY):
+        count = sum(1 for run in attempts if (run.error_message or "").startswith(cause))
+        if failed.error_kind == "retryable" and count == len(attempts):
+            return f"{failed.stage} failed: {cause} {count} times (last: {failed.error_message})"
     if failed.error_kind == "retryable":
         return f"{failed.stage} failed after {len(attempts)} attempts: {failed.error_message}"
     return f"{failed.stage} failed: {failed.error_message}"

@@ -6,6 +6,7 @@ Called by `execution` only, with the run row locked by the caller's transaction.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import traceback
 from collections.abc import Mapping
@@ -142,12 +143,18 @@ def record_failure(session: Session, run: StageRun, exc: BaseException) -> None:
     # A stage may attach the evidence of its failure (validate's whole report) as metrics.
     evidence = getattr(exc, "metrics", None)
     extra = {"metrics": jsonable(evidence)} if isinstance(evidence, Mapping) else {}
+    kind, message = _error_kind(exc), f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        # Not the stage's fault and maybe passing (space freed): retryable, with the fix named.
+        kind = "retryable"
+        message = (f"disk full: no space left writing {exc.filename or 'a file'}; free space on that disk "
+                   "or point BONSAI_WORK_ROOT / BONSAI_ARTIFACT_ROOT at a larger one, then retry")
     repo.set_stage_state(
         session,
         run,
         StageState.FAILED,
-        error_kind=_error_kind(exc),
-        error_message=f"{type(exc).__name__}: {exc}",
+        error_kind=kind,
+        error_message=message,
         error_traceback="".join(traceback.format_exception(exc))[-20000:],
         **extra,
     )

@@ -50,6 +50,10 @@ class Runtime:
     stage_package: str = "pipeline.stages"
     # Ed25519 private key: when set, every statement is signed (DSSE) as it is recorded.
     signing_key: Any | None = None
+    # A worker's cap on one attempt's process (BONSAI_WORKER_MEMORY_MB); None outside workers.
+    memory_limit_bytes: int | None = None
+    # BONSAI_SOURCE_ROOTS: the folders local sources must resolve into (empty: not confined).
+    source_roots: tuple[str, ...] = ()
     # Distributed mode: sends shard child runs to workers; None decomposes shards in-process.
     fanout_dispatch: Callable[[list[int]], None] | None = None
     # How recorded jobs get run: in this process (embedded) or by Celery workers. Chosen once,

@@ -7,9 +7,13 @@ Accepted source specs:
 - a Hugging Face repo ``org/name`` or ``org/name@revision`` (``hf://`` prefix optional);
   the revision (branch, tag or sha) is resolved to the full commit sha and recorded.
 
-Every file becomes an output named by its relative POSIX path (kind ``source-file``),
-hard-linked or copied into ``workdir/snapshot/``. For hub sources the hub's per-file size and
-LFS sha256 go into ``hub_files.json`` (kind ``hub-metadata``) for the checksum stage.
+Only checkpoint files are taken (`sources.is_checkpoint_file`: weights, config, tokenizer,
+checksums, model card, licence); the rest are listed in the metrics and a warning and never
+stored. Each taken file becomes an output named by its relative POSIX name (kind
+``source-file``), hard-linked or copied into ``workdir/snapshot/``. A local source is checked
+against the `sources.SourcePolicy` client (the allowed model folders) again here. For hub
+sources the hub's per-file size and LFS sha256 go into ``hub_files.json`` (kind
+``hub-metadata``) for the checksum stage.
 Hostile names (``..``, absolute paths, symlinks resolving outside the source) are refused.
 """
 
@@ -17,28 +21,33 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pipeline.clients.hub import HfHubClient, HubClient, HubFile
 from pipeline.core.errors import InputError, IntegrityError
-from pipeline.core.files import atomic_path, safe_relpath, write_json
+from pipeline.core.files import atomic_path, require_free_space, safe_relpath, write_json
 from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult
+from pipeline.stages.sources import (
+    ACCEPTED_FORMS,
+    CHECKPOINT_PATTERNS,
+    PICKLE_SUFFIXES,
+    SourcePolicy,
+    is_checkpoint_file,
+    parse_source,
+)
 
 __all__ = [
     "NAME",
     "VERSION",
     "HUB_FILES_NAME",
     "Params",
-    "SourceSpec",
     "cache_identity",
     "make_params",
-    "parse_source",
     "run",
 ]
 
@@ -48,17 +57,10 @@ HUB_FILES_NAME = "hub_files.json"
 
 logger = logging.getLogger(__name__)
 
-ACCEPTED_FORMS = (
-    "a local folder path, a single .gguf file path, or a Hugging Face repo "
-    "'org/name' or 'org/name@revision' (branch, tag or commit sha)"
-)
 # Folders that are tooling state, not checkpoint content.
 _JUNK_DIRS = frozenset({".git", ".cache", ".hg", ".svn", "__pycache__"})
 _JUNK_FILES = frozenset({".DS_Store"})
-_HUB_ID = re.compile(
-    r"(?P<repo>[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95})(?:@(?P<rev>[^\s@]+))?"
-)
-_HUB_PREFIX = "hf://"
+_MAX_LISTED = 20  # left-out names shown in a warning
 
 
 @dataclass(frozen=True)
@@ -68,60 +70,9 @@ class Params:
     source: str
 
 
-@dataclass(frozen=True)
-class SourceSpec:
-    """A parsed source spec: a local folder, a single .gguf file, or a hub repo."""
-
-    kind: Literal["local", "gguf", "hub"]
-    path: Path | None = None
-    repo_id: str | None = None
-    revision: str | None = None
-
-
 def make_params(job: JobSpec) -> Params:
     """Download parameters from a job: only the source spec matters."""
     return Params(source=job.source.strip())
-
-
-def parse_source(source: str) -> SourceSpec:
-    """Classify a source spec; raises InputError naming the spec and the accepted forms.
-
-    An existing path always wins over a hub id, so a local folder named ``org/name`` works.
-    """
-    spec = source.strip()
-    if not spec:
-        raise InputError(f"empty source spec; expected {ACCEPTED_FORMS}")
-    if spec.startswith(_HUB_PREFIX):
-        return _parse_hub_id(spec[len(_HUB_PREFIX):], spec)
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        return SourceSpec(kind="local", path=path)
-    if path.is_file():
-        if path.suffix.lower() == ".gguf":
-            return SourceSpec(kind="gguf", path=path)
-        raise InputError(f"source {spec!r} is a file but not a .gguf file; expected {ACCEPTED_FORMS}")
-    if path.exists():
-        raise InputError(f"source {spec!r} is neither a folder nor a regular file; expected {ACCEPTED_FORMS}")
-    if _looks_like_path(spec):
-        raise InputError(
-            f"source {spec!r} does not exist (no such file or folder); expected {ACCEPTED_FORMS}"
-        )
-    return _parse_hub_id(spec, spec)
-
-
-def _looks_like_path(spec: str) -> bool:
-    return spec.startswith(("/", "./", "../", "~", ".")) or spec.lower().endswith(".gguf") or "\\" in spec
-
-
-def _parse_hub_id(text: str, spec: str) -> SourceSpec:
-    match = _HUB_ID.fullmatch(text)
-    repo_id = match.group("repo") if match else ""
-    # The hub forbids these in repo names; refusing early gives a clearer message than a 404.
-    if not match or "--" in repo_id or ".." in repo_id or repo_id.endswith((".", "-")):
-        raise InputError(
-            f"source {spec!r} is not an existing path nor a hub repo id; expected {ACCEPTED_FORMS}"
-        )
-    return SourceSpec(kind="hub", repo_id=repo_id, revision=match.group("rev"))
 
 
 def cache_identity(params: Params, *, hub: HubClient | None = None) -> str | None:
@@ -151,7 +102,9 @@ def run(
     Raises InputError (missing source, unknown repo/revision, hostile names), TransientError
     (hub unreachable or 5xx) and IntegrityError (a file changed size while being copied).
     """
-    source = parse_source(params.source)
+    policy: SourcePolicy = clients.get("source_policy") or SourcePolicy(allow_any_local=True)
+    # Checked again here, not only at submit: a symlink may have moved since.
+    source = policy.check(params.source)
     metrics: dict[str, Any] = {"source_kind": source.kind}
     hub_files: list[HubFile] | None = None
     if source.kind == "hub":
@@ -160,7 +113,9 @@ def run(
         commit_sha = hub.resolve_revision(source.repo_id, source.revision)
         logger.info("download: %s@%s resolved to %s", source.repo_id, source.revision or "main", commit_sha)
         hub_files = hub.list_files_with_sha256(source.repo_id, commit_sha)
-        folder = hub.download_snapshot(source.repo_id, commit_sha)
+        listed = sum(f.size_bytes or 0 for f in hub_files if is_checkpoint_file(f.name))
+        require_free_space(workdir, listed, f"downloading {source.repo_id}")
+        folder = hub.download_snapshot(source.repo_id, commit_sha, allow_patterns=CHECKPOINT_PATTERNS)
         # Cache snapshots are symlinks into the repo's blobs/ folder: confine to the repo folder.
         confine = _hub_confinement(folder)
         found = _walk_folder(folder, confine, source_label=params.source)
@@ -175,23 +130,48 @@ def run(
     else:
         assert source.path is not None
         found = _walk_folder(source.path, source.path, source_label=params.source)
-    if not found:
-        raise InputError(f"source {params.source!r} holds no files; expected {ACCEPTED_FORMS}")
-    if any(name == HUB_FILES_NAME for name, _ in found):
-        raise InputError(
-            f"source {params.source!r} contains a file named {HUB_FILES_NAME!r}, a name this pipeline "
-            "reserves for hub metadata; rename or remove it"
-        )
+    taken = [(name, path) for name, path in found if is_checkpoint_file(name)]
+    left_out = sorted(name for name, _ in found if not is_checkpoint_file(name))
+    if hub_files is not None:
+        for item in hub_files:
+            _checked_name(item.name, params.source)  # a hostile listing is refused, not filtered
+        left_out = sorted(set(left_out) | {f.name for f in hub_files if not is_checkpoint_file(f.name)})
+        hub_files = [f for f in hub_files if is_checkpoint_file(f.name)]
+    _refuse_unusable(params.source, taken, left_out)
 
-    outputs, total_bytes, link_count = _materialise(found, workdir / "snapshot")
-    metrics.update(file_count=len(outputs), total_bytes=total_bytes, hardlinked_count=link_count)
+    require_free_space(workdir, _bytes_to_copy(taken, workdir), f"the files of {params.source!r}")
+    outputs, total_bytes, link_count = _materialise(taken, workdir / "snapshot")
+    metrics.update(file_count=len(outputs), total_bytes=total_bytes, hardlinked_count=link_count,
+                   left_out_count=len(left_out), left_out=left_out[:_MAX_LISTED])
     if hub_files is not None:
         outputs.append(_write_hub_files(workdir, metrics, hub_files))
         metrics["hub_sha256_count"] = sum(1 for item in hub_files if item.sha256)
-    warnings: tuple[str, ...] = ()
+    warnings: list[str] = []
     if hub_files == []:
-        warnings = ("the hub gave no file listing (offline?); checksum cannot verify against hub sha256",)
-    return StageResult(outputs=tuple(outputs), metrics=metrics, warnings=warnings)
+        warnings.append("the hub gave no file listing (offline?); checksum cannot verify against hub sha256")
+    if left_out:
+        shown = ", ".join(left_out[:_MAX_LISTED]) + (" …" if len(left_out) > _MAX_LISTED else "")
+        warnings.append(f"{len(left_out)} file(s) are not checkpoint files and were not taken: {shown}")
+    return StageResult(outputs=tuple(outputs), metrics=metrics, warnings=tuple(warnings))
+
+
+def _refuse_unusable(label: str, taken: list[tuple[str, Path]], left_out: list[str]) -> None:
+    """Fail now when nothing usable remains, naming what was there instead."""
+    if any(name.lower().endswith((".safetensors", ".gguf")) for name, _ in taken):
+        return
+    pickles = [name for name in left_out if name.lower().endswith(PICKLE_SUFFIXES)]
+    if pickles:
+        raise InputError(
+            f"source {label!r} is a pickle-only checkpoint ({', '.join(pickles[:5])}): pickle files can "
+            "run arbitrary code when loaded and are never taken; provide safetensors weights (convert "
+            "them in an isolated sandbox, or use the repo's safetensors revision)"
+        )
+    if not taken:
+        found = ", ".join(left_out[:_MAX_LISTED]) or "none"
+        raise InputError(
+            f"source {label!r} holds no checkpoint files (weights, config, tokenizer); files found: {found}; "
+            f"expected {ACCEPTED_FORMS}"
+        )
 
 
 def _hub_confinement(folder: Path) -> Path:
@@ -258,6 +238,12 @@ def _confined_dir(path: Path, root: Path) -> None:
             "refusing it"
         )
     logger.warning("download: skipping folder symlink %s (points inside the source)", path)
+
+
+def _bytes_to_copy(found: list[tuple[str, Path]], workdir: Path) -> int:
+    """Bytes that must be copied (not hard-linked: another file system) into the work folder."""
+    device = os.stat(workdir).st_dev
+    return sum(st.st_size for st in (path.stat() for _, path in found) if st.st_dev != device)
 
 
 def _materialise(found: list[tuple[str, Path]], dest: Path) -> tuple[list[OutputFile], int, int]:

@@ -54,9 +54,10 @@ def api(pg_url: str, tmp_path: Path) -> Iterator[Api]:
     source = tmp_path / "checkpoint"
     source.mkdir()
     (source / "config.json").write_text('{"model_type": "llama"}\n')
-    (source / "notes.txt").write_text("no weights here\n")
+    (source / "tokenizer_config.json").write_text("no weights here\n")
     settings = Settings(
-        home=tmp_path / "home", database_url=pg_url, api_tokens=f"{READ_ENTRY},{SUBMIT_ENTRY}"
+        home=tmp_path / "home", database_url=pg_url, api_tokens=f"{READ_ENTRY},{SUBMIT_ENTRY}",
+        source_roots=str(tmp_path),
     )
     migrate_database(settings)
     app = create_app(settings, build_runtime(settings))
@@ -158,7 +159,7 @@ def test_artifact_download_provenance_and_chain(api: Api) -> None:
     statements = api.get(f"/api/artifacts/{manifest['sha256']}/provenance").json()["statements"]
     assert len(statements) == 1 and statements[0]["envelopes"] == []
     deps = statements[0]["statement"]["predicate"]["buildDefinition"]["resolvedDependencies"]
-    assert [d["name"] for d in deps] == ["download/config.json", "download/notes.txt"]
+    assert [d["name"] for d in deps] == ["download/config.json", "download/tokenizer_config.json"]
 
     chain = api.get(f"/api/artifacts/{manifest['sha256']}/chain?verify=true").json()
     assert chain["ok"] and chain["rehashed"] and chain["artifacts"] == 3
@@ -199,3 +200,32 @@ def test_openapi_and_the_web_page(api: Api) -> None:
 def test_healthz_needs_no_token_and_checks_the_database(api: Api) -> None:
     response = api.client.get("/healthz")
     assert response.status_code == 200 and response.json() == {"status": "ok"}
+
+
+def test_server_files_cannot_be_taken_through_the_api(pg_url: str, tmp_path: Path) -> None:
+    """Finding 1 of issue 15: a folder of the server named as a source stored every file below it,
+    and any read token could then download them (an `id_rsa` came back byte for byte)."""
+    secrets = tmp_path / "server-home" / ".ssh"
+    secrets.mkdir(parents=True)
+    (secrets / "id_rsa").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n")
+    models = tmp_path / "models"
+    (models / "llama").mkdir(parents=True)
+    (models / "llama" / "escape").symlink_to(secrets)
+    for roots in ("", str(models)):
+        settings = Settings(home=tmp_path / f"home{len(roots)}", database_url=pg_url,
+                            api_tokens=f"{READ_ENTRY},{SUBMIT_ENTRY}", source_roots=roots)
+        migrate_database(settings)
+        app = create_app(settings, build_runtime(settings))
+        with TestClient(app) as client:
+            api = Api(client, app, models)
+            for source in (str(secrets), str(secrets / ".."), str(models / "llama" / "escape"),
+                           f"{models}/../server-home/.ssh"):
+                response = api.post("/api/jobs", {"source": source})
+                assert response.status_code == 400, (roots, source, response.text)
+                detail = response.json()["detail"]
+                assert "BONSAI_SOURCE_ROOTS" in detail, detail
+            response = api.post("/api/jobs", {"sources": ["org/name@main", str(secrets)]})
+            assert response.status_code == 400  # one bad source: none of them is recorded
+            assert api.get("/api/jobs").json() == []
+            rows = api.get("/api/artifacts?kind=source-file")
+            assert rows.status_code in (200, 404, 405) and "id_rsa" not in rows.text

@@ -34,6 +34,7 @@ def base_url(pg_url: str, broker_url: str, tmp_path: Path) -> Iterator[str]:
         "BONSAI_DATABASE_URL": pg_url,
         "BONSAI_BROKER_URL": broker_url,
         "BONSAI_API_TOKENS": ENTRY,
+        "BONSAI_SOURCE_ROOTS": str(tmp_path),
     }
     command = [sys.executable, "-m", "pipeline"]
     assert (

@@ -37,7 +37,7 @@ class Chain:
     job_id: int
     manifest: str  # sha256 of checksum/manifest.json
     config: str  # sha256 of download/config.json
-    notes: str  # sha256 of download/notes.txt
+    notes: str  # sha256 of download/tokenizer_config.json
 
 
 def _sha(data: bytes) -> str:
@@ -49,7 +49,7 @@ def chain(pg_url: str, tmp_path: Path) -> Chain:
     source = tmp_path / "checkpoint"
     source.mkdir()
     (source / "config.json").write_text('{"model_type": "llama"}\n')
-    (source / "notes.txt").write_text("made for the audit tests\n")
+    (source / "tokenizer_config.json").write_text("made for the audit tests\n")
     settings = Settings(home=tmp_path / "home", database_url=pg_url)
     migrate_database(settings)
     rt = build_runtime(settings)
@@ -66,7 +66,7 @@ def chain(pg_url: str, tmp_path: Path) -> Chain:
         job_id,
         manifest,
         _sha((source / "config.json").read_bytes()),
-        _sha((source / "notes.txt").read_bytes()),
+        _sha((source / "tokenizer_config.json").read_bytes()),
     )
 
 
@@ -88,7 +88,7 @@ def test_clean_chain_verifies_down_to_the_source_files(chain: Chain) -> None:
 
     assert report.is_ok, report.problems
     names = [node["name"] for node in report.nodes]
-    assert names == ["checksum/manifest.json", "download/config.json", "download/notes.txt"]
+    assert names == ["checksum/manifest.json", "download/config.json", "download/tokenizer_config.json"]
     assert report.statements == 3
     sizes = sum(chain.rt.store.path(n["sha256"]).stat().st_size for n in report.nodes)
     assert report.rehashed_bytes == sizes
@@ -118,7 +118,8 @@ def test_file_missing_from_the_store_is_named(chain: Chain) -> None:
     chain.rt.store.path(chain.notes).unlink()
     report = _audit(chain)
     assert report.problems[0].kind == "missing"
-    assert report.problems[0].message.startswith(f"missing: download/notes.txt sha256 {chain.notes} recorded")
+    expected = f"missing: download/tokenizer_config.json sha256 {chain.notes} recorded"
+    assert report.problems[0].message.startswith(expected)
 
 
 def test_statement_inputs_must_equal_the_runs_recorded_inputs(chain: Chain) -> None:
@@ -126,7 +127,7 @@ def test_statement_inputs_must_equal_the_runs_recorded_inputs(chain: Chain) -> N
 
     def swap(statement: dict) -> None:  # type: ignore[type-arg]
         for dep in statement["predicate"]["buildDefinition"]["resolvedDependencies"]:
-            if dep["name"] == "download/notes.txt":
+            if dep["name"] == "download/tokenizer_config.json":
                 dep["digest"]["sha256"] = forged
 
     _edit_statement(chain, chain.manifest, swap)
@@ -134,9 +135,9 @@ def test_statement_inputs_must_equal_the_runs_recorded_inputs(chain: Chain) -> N
 
     first = report.problems[0]
     assert (first.kind, first.name) == ("inputs-mismatch", "checksum/manifest.json")
-    assert f"download/notes.txt is sha256 {forged} in the statement, {chain.notes} in the run's inputs" in (
-        first.message
-    )
+    name = "download/tokenizer_config.json"
+    expected = f"{name} is sha256 {forged} in the statement, {chain.notes} in the run's"
+    assert expected in first.message
     # The walk follows the statement's claim, and the claimed digest has no artifact at all.
     assert [p.kind for p in report.problems] == ["inputs-mismatch", "unrecorded"]
 
@@ -147,7 +148,7 @@ def test_input_link_missing_from_the_statement_is_named(chain: Chain) -> None:
     )
     report = _audit(chain)
     assert report.problems[0].kind == "inputs-mismatch"
-    assert "recorded input download/notes.txt" in report.problems[0].message
+    assert "recorded input download/tokenizer_config.json" in report.problems[0].message
     assert "the statement omits it" in report.problems[0].message
 
 
@@ -158,7 +159,8 @@ def test_statement_about_other_bytes_and_missing_statement(chain: Chain) -> None
 
     kinds = [(p.kind, p.name) for p in _audit(chain).problems]
 
-    assert kinds == [("subject-mismatch", "checksum/manifest.json"), ("no-provenance", "download/notes.txt")]
+    assert kinds == [("subject-mismatch", "checksum/manifest.json"),
+                     ("no-provenance", "download/tokenizer_config.json")]
 
 
 def test_signed_chain_verifies_and_edited_statement_is_caught(chain: Chain, tmp_path: Path) -> None:
@@ -208,7 +210,7 @@ def test_artifact_references_and_statement_export(chain: Chain, tmp_path: Path) 
         [
             f"checksum.manifest.json.{chain.manifest[:12]}.run2.intoto.json",
             f"download.config.json.{chain.config[:12]}.run1.intoto.json",
-            f"download.notes.txt.{chain.notes[:12]}.run1.intoto.json",
+            f"download.tokenizer_config.json.{chain.notes[:12]}.run1.intoto.json",
         ]
     )
     exported = json.loads(written[0].read_text())

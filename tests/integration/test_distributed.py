@@ -13,7 +13,6 @@ import psycopg
 import pytest
 import redis
 
-from pipeline.demo.checkpoint import write_demo_checkpoint
 from tests.integration.conftest import free_port
 from tests.support.cluster import Cluster, store_is_clean
 from tests.support.hub_cache import COMMIT, REPO, cache_from_folder
@@ -61,11 +60,15 @@ def test_twenty_jobs_on_two_workers_store_each_output_once(make_cluster, broker_
     assert store_is_clean(cluster.home / "artifacts") == []
 
 
-def test_worker_killed_mid_decompose_is_retried(make_cluster, broker_url, tmp_path: Path) -> None:
-    # Large enough that decompose takes seconds: the kill lands while it works.
-    source = write_demo_checkpoint(tmp_path / "mid", n_layers=4, hidden=1024, intermediate=2816,
-                                   n_heads=8, n_kv_heads=4)
-    cluster = make_cluster(broker_url)
+# Decompose sleeps first (tests/support/fault_stages): the kill lands while it works, however fast
+# the fit is on this machine.
+HOLD_DECOMPOSE = {"BONSAI_STAGE_PACKAGE": "tests.support.fault_stages",
+                  "BONSAI_TEST_DECOMPOSE_FAULT": "delay:4"}
+
+
+def test_worker_killed_mid_decompose_is_retried(make_cluster, broker_url, demo_checkpoint) -> None:
+    source = demo_checkpoint
+    cluster = make_cluster(broker_url, **HOLD_DECOMPOSE)
     cluster.start_worker()
     cluster.start_worker()
     cluster.start_reconciler(every_s=0.5)
@@ -86,10 +89,9 @@ def test_worker_killed_mid_decompose_is_retried(make_cluster, broker_url, tmp_pa
     assert store_is_clean(cluster.home / "artifacts") == []
 
 
-def test_worker_lost_every_time_fails_with_reason(make_cluster, broker_url, tmp_path: Path) -> None:
-    source = write_demo_checkpoint(tmp_path / "mid", n_layers=4, hidden=1024, intermediate=2816,
-                                   n_heads=8, n_kv_heads=4)
-    cluster = make_cluster(broker_url, BONSAI_MAX_ATTEMPTS="2")
+def test_worker_lost_every_time_fails_with_reason(make_cluster, broker_url, demo_checkpoint) -> None:
+    source = demo_checkpoint
+    cluster = make_cluster(broker_url, BONSAI_MAX_ATTEMPTS="2", **HOLD_DECOMPOSE)
     cluster.start_worker()
     cluster.start_reconciler(every_s=0.5)
     (job_id,) = cluster.submit(str(source))

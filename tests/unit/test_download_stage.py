@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,7 @@ from pipeline.clients.hub import HubFile
 from pipeline.core.errors import InputError, TransientError
 from pipeline.stages import download
 from pipeline.stages.base import JobSpec
+from pipeline.stages.sources import SourceSpec, parse_source
 
 SHA = "fedcba9876543210fedcba9876543210fedcba98"
 
@@ -35,7 +37,7 @@ class FakeHub:
         self.calls.append(("list", repo_id, commit_sha))
         return self.files
 
-    def download_snapshot(self, repo_id: str, commit_sha: str) -> Path:
+    def download_snapshot(self, repo_id: str, commit_sha: str, allow_patterns: Any = None) -> Path:
         self.calls.append(("download", repo_id, commit_sha))
         return self.folder
 
@@ -63,13 +65,16 @@ def test_local_folder(tmp_path: Path) -> None:
     src = _folder(tmp_path)
     result = _run(str(src), tmp_path / "work")
     names = sorted(o.name for o in result.outputs)
-    assert names == [".gitattributes", "config.json", "model.safetensors", "sub/tokenizer.json"]
+    # Only checkpoint files at the top level are taken; the rest are named, never stored.
+    assert names == ["config.json", "model.safetensors"]
+    assert result.metrics["left_out"] == [".gitattributes", "sub/tokenizer.json"]
+    assert any("2 file(s) are not checkpoint files" in w for w in result.warnings)
     assert all(o.kind == "source-file" for o in result.outputs)
     for out in result.outputs:
         assert out.path == tmp_path / "work" / "snapshot" / out.name
         assert out.path.read_bytes() == (src / out.name).read_bytes()
     assert result.metrics["source_kind"] == "local"
-    assert result.metrics["file_count"] == 4
+    assert result.metrics["file_count"] == 2
     assert result.metrics["total_bytes"] == sum((src / n).stat().st_size for n in names)
 
 
@@ -98,7 +103,7 @@ def test_plain_file_that_is_not_gguf(tmp_path: Path) -> None:
 
 def test_empty_folder(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    with pytest.raises(InputError, match="holds no files"):
+    with pytest.raises(InputError, match="holds no checkpoint files"):
         _run(str(tmp_path / "empty"), tmp_path / "work")
 
 
@@ -120,9 +125,9 @@ def test_folder_symlink_escaping_is_refused(tmp_path: Path) -> None:
 
 def test_symlink_inside_the_folder_is_followed(tmp_path: Path) -> None:
     src = _folder(tmp_path)
-    (src / "alias.json").symlink_to("config.json")
+    (src / "tokenizer_config.json").symlink_to("config.json")
     result = _run(str(src), tmp_path / "work")
-    alias = next(o for o in result.outputs if o.name == "alias.json")
+    alias = next(o for o in result.outputs if o.name == "tokenizer_config.json")
     assert not alias.path.is_symlink() and alias.path.read_text() == "{}"
 
 
@@ -140,28 +145,29 @@ def test_fifo_is_refused(tmp_path: Path) -> None:
         _run(str(src), tmp_path / "work")
 
 
-def test_reserved_hub_files_name_is_refused(tmp_path: Path) -> None:
+def test_reserved_hub_files_name_is_never_taken(tmp_path: Path) -> None:
     src = _folder(tmp_path)
     (src / "hub_files.json").write_text("{}")
-    with pytest.raises(InputError, match="reserves"):
-        _run(str(src), tmp_path / "work")
+    result = _run(str(src), tmp_path / "work")
+    assert "hub_files.json" not in {o.name for o in result.outputs}
+    assert "hub_files.json" in result.metrics["left_out"]
 
 
 def test_parse_source_forms(tmp_path: Path) -> None:
-    assert download.parse_source("org/name") == download.SourceSpec("hub", repo_id="org/name")
-    assert download.parse_source("hf://org/name@v1.0") == download.SourceSpec(
+    assert parse_source("org/name") == SourceSpec("hub", repo_id="org/name")
+    assert parse_source("hf://org/name@v1.0") == SourceSpec(
         "hub", repo_id="org/name", revision="v1.0"
     )
-    assert download.parse_source(f"org/name@{SHA}").revision == SHA
+    assert parse_source(f"org/name@{SHA}").revision == SHA
     for bad in ("org/na--me", "org/../x", "a/b/c", "org/name@", "@main"):
         with pytest.raises(InputError):
-            download.parse_source(bad)
+            parse_source(bad)
     # An existing folder wins over a hub id of the same spelling.
     (tmp_path / "org" / "name").mkdir(parents=True)
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:
-        assert download.parse_source("org/name").kind == "local"
+        assert parse_source("org/name").kind == "local"
     finally:
         os.chdir(cwd)
 

@@ -15,6 +15,7 @@ from pipeline.clients.hub import HfHubClient, HubFile, is_commit_sha
 from pipeline.core.errors import InputError, TransientError
 from pipeline.stages import checksum, download
 from pipeline.stages.base import InputFile, JobSpec
+from pipeline.stages.sources import is_checkpoint_file
 from tests.support.hub_cache import COMMIT, REPO, build_hub_cache
 
 
@@ -80,13 +81,13 @@ def test_download_stage_from_offline_cache_then_checksum(tmp_path: Path) -> None
     result = download.run(download.make_params(JobSpec(source=f"{REPO}@main")), {}, work, hub=hub)
 
     names = {o.name: o for o in result.outputs}
-    assert set(names) == set(FILES) | {"hub_files.json"}
+    # The sub-folder's tokenizer is not a checkpoint file: listed as left out, never fetched or stored.
+    assert set(names) == {n for n in FILES if is_checkpoint_file(n)} | {"hub_files.json"}
+    assert "tokenizer/tokenizer.json" in result.metrics["left_out"]
     assert result.metrics["source_kind"] == "hub"
     assert result.metrics["resolved_revision"] == COMMIT
     assert result.metrics["repo_id"] == REPO
     assert result.metrics["hub_sha256_count"] == 1
-    assert names["tokenizer/tokenizer.json"].path == work / "snapshot" / "tokenizer" / "tokenizer.json"
-    assert names["tokenizer/tokenizer.json"].path.read_bytes() == b"{}"
     assert not names["model.safetensors"].path.is_symlink()
     assert names["hub_files.json"].kind == "hub-metadata"
 

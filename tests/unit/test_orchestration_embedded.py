@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -34,7 +35,7 @@ class FlakyHub:
     def list_files_with_sha256(self, repo_id: str, commit_sha: str) -> list[object]:
         raise self.error
 
-    def download_snapshot(self, repo_id: str, commit_sha: str) -> Path:
+    def download_snapshot(self, repo_id: str, commit_sha: str, allow_patterns: Any = None) -> Path:
         raise self.error
 
 
@@ -175,11 +176,12 @@ def test_statements_are_signed_as_they_are_recorded_when_a_key_is_set(
 def test_secret_looking_options_are_refused_before_anything_is_recorded(tmp_path: Path) -> None:
     from pipeline.db.models import Job
     from pipeline.orchestration.job_control import JobRequest, create_jobs
+    from pipeline.stages.sources import SourcePolicy
 
     rt = _runtime(tmp_path)
     requests = [JobRequest("./ok"), JobRequest("./bad", options={"hf_token": "hf_abc"})]
     with session_scope(rt.sessions) as session:
         with pytest.raises(InputError, match="./bad: options must not carry"):
-            create_jobs(session, requests, "test")
+            create_jobs(session, requests, "test", SourcePolicy(allow_any_local=True))
     with session_scope(rt.sessions) as session:
         assert session.scalars(select(Job)).all() == []

@@ -22,6 +22,7 @@ from pipeline.db.session import session_scope
 from pipeline.orchestration.job_control import JobRequest, cancel_job, retry_job
 from pipeline.orchestration.launcher import submit_jobs
 from pipeline.provenance.statements import redact
+from pipeline.stages.sources import SourcePolicy
 
 __all__ = ["router"]
 
@@ -101,7 +102,9 @@ def submit(request: Request, token: Submitter, body: JobSubmission) -> dict[str,
 
     get_recipe(body.recipe, body.options)  # unknown recipe or bad knob: 400 before anything is recorded
     requests = [JobRequest(s, body.recipe, body.priority, body.options) for s in body.all_sources()]
-    job_ids = submit_jobs(request.app.state.rt, requests, submitted_by=f"api:{token.name}")
+    # Hub ids always; local paths only under BONSAI_SOURCE_ROOTS (none by default).
+    policy = SourcePolicy.from_roots(request.app.state.settings.source_root_list, allow_any_local=False)
+    job_ids = submit_jobs(request.app.state.rt, requests, f"api:{token.name}", policy)
     return {"job_ids": job_ids}
 
 

@@ -85,7 +85,7 @@ def submit(obj: CliContext, sources: tuple[str, ...], manifest: Path | None, rec
         fail("nothing to submit: give SOURCE arguments or --manifest FILE")
     from pipeline.orchestration.launcher import submit_jobs
 
-    job_ids = submit_jobs(obj.runtime(), requests, "cli:submit")
+    job_ids = submit_jobs(obj.runtime(), requests, "cli:submit", obj.source_policy())
     click.echo(json.dumps({"job_ids": job_ids}) if as_json else "\n".join(map(str, job_ids)))
 
 

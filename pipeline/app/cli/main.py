@@ -35,6 +35,12 @@ class CliContext:
 
         return build_runtime(self.settings)
 
+    def source_policy(self) -> Any:
+        """What local paths this machine's user may name: any readable one, unless roots are set."""
+        from pipeline.stages.sources import SourcePolicy
+
+        return SourcePolicy.from_roots(self.settings.source_root_list, allow_any_local=True)
+
 
 def fail(message: str, code: int = 2) -> None:
     """Print one clear error line and exit (never a traceback)."""

@@ -5,8 +5,9 @@ Run by `bonsai reconcile` (once, or every N seconds). Each pass:
    the job then gets its next attempt, or fails once the attempt limit is reached (a lost
    shard child is retried by its parent's join instead); parents whose shard children all
    finished without a join are joined;
-2. queued attempts the broker no longer holds (a restarted Redis, a send that failed) are
-   sent again under a new task id;
+2. queued attempts whose message is lost are sent again under a new task id: gone from the
+   broker (a restarted Redis, a send that failed), or delivered to a consumer that no live
+   worker is (a worker killed after taking it: see `broker_view.is_orphaned`);
 3. jobs that are pending or running with nothing queued (a crash between recording a
    result and sending the next stage) are advanced.
 Every step is idempotent, so passes may overlap with workers and with each other.
@@ -14,8 +15,8 @@ Every step is idempotent, so passes may overlap with workers and with each other
 
 from __future__ import annotations
 
-import json
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -28,12 +29,12 @@ from pipeline.core.states import JobState, StageName, StageState
 from pipeline.db import repo
 from pipeline.db.models import Job, StageRun, utcnow
 from pipeline.db.session import session_scope
+from pipeline.orchestration.distributed.broker_view import BrokerView, is_orphaned, read_broker
 from pipeline.orchestration.distributed.dispatch import Dispatcher
 from pipeline.orchestration.progression import WORKER_LOST
-from pipeline.orchestration.queues import QUEUES
 from pipeline.orchestration.runtime import Runtime
 
-__all__ = ["ReconcileReport", "reconcile", "broker_task_ids"]
+__all__ = ["ReconcileReport", "reconcile", "broker_view"]
 
 log = logging.getLogger(__name__)
 
@@ -50,19 +51,11 @@ class ReconcileReport:
                 "advanced_jobs": self.advanced_jobs, "joined_runs": self.joined_runs}
 
 
-def broker_task_ids(dispatcher: Dispatcher) -> set[str] | None:
-    """Task ids of every message Redis holds, waiting or delivered-unacked; None if unknown."""
+def broker_view(dispatcher: Dispatcher) -> BrokerView | None:
+    """The broker's waiting and delivered-unacked messages; None when they cannot be listed."""
     try:
         with dispatcher.broker_connection() as connection:
-            client = connection.default_channel.client
-            names = [name for queue in QUEUES for name in [queue, *(f"{queue}:{p}" for p in range(1, 10))]]
-            ids: set[str] = set()
-            for name in names:
-                for raw in client.lrange(name, 0, -1):
-                    ids.add(json.loads(raw)["headers"]["id"])
-            for raw in client.hvals("unacked"):
-                ids.add(json.loads(raw)[0]["headers"]["id"])
-            return ids
+            return read_broker(connection)
     except Exception:  # noqa: BLE001 - not Redis, or unreachable: fall back to age alone
         log.warning("could not list the broker's messages; re-sending by age only", exc_info=True)
         return None
@@ -88,9 +81,10 @@ def _mark_lost(rt: Runtime, settings: Settings, report: ReconcileReport) -> None
     with session_scope(sessions) as session:
         stale = session.scalars(
             select(StageRun)
-            # A parent waiting on its shards does not beat; its children do.
+            # A parent waiting on its shards does not beat: its children do, and a parent whose
+            # children all finished is joined (below), never declared lost.
             .where(StageRun.status == StageState.RUNNING.value, StageRun.heartbeat_at < cutoff,
-                   ~_children(active=True))
+                   ~_children())
             .with_for_update(skip_locked=True)
         ).all()
         for run in stale:
@@ -140,9 +134,14 @@ def _resend_orphans(rt: Runtime, settings: Settings, report: ReconcileReport) ->
         candidates = [(run.id, run.task_id, StageName(run.stage), run.job.priority) for run in queued]
     if not candidates:
         return
-    live = broker_task_ids(dispatcher)
+    view = broker_view(dispatcher)
+    since = utcnow() - timedelta(seconds=settings.heartbeat_timeout_s)
+    with session_scope(rt.sessions) as session:
+        held = {task for worker in repo.live_workers(session, since) for task in worker.held_task_ids}
+    now_s = time.time()
     for run_id, task_id, _stage, _priority in candidates:
-        if live is not None and task_id in live:
+        # A message delivered to a worker that is gone stays "unacked" for hours: send it again.
+        if not is_orphaned(task_id, view, held, now_s, settings.heartbeat_timeout_s):
             continue
         if dispatcher.resend(run_id):
             report.resent_runs.append(run_id)

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
+from dataclasses import replace
 from functools import cache
+from typing import Any
 
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
 from pipeline.core.settings import Settings
 from pipeline.orchestration.bootstrap import build_runtime, forget_engines_after_fork
+from pipeline.orchestration.distributed.beacon import WorkerBeacon
 from pipeline.orchestration.distributed.dispatch import Dispatcher
 from pipeline.orchestration.runtime import Runtime
 
-__all__ = ["configure", "settings", "runtime", "dispatcher"]
+__all__ = ["configure", "settings", "runtime", "dispatcher", "announce"]
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +42,9 @@ def settings() -> Settings:
 
 @cache
 def _runtime_for(pid: int) -> Runtime:
-    return build_runtime(settings())
+    rt = build_runtime(settings())
+    cap_mb = settings().worker_memory_mb
+    return replace(rt, memory_limit_bytes=cap_mb << 20) if cap_mb else rt
 
 
 def runtime() -> Runtime:
@@ -48,6 +54,25 @@ def runtime() -> Runtime:
 
 def dispatcher() -> Dispatcher:
     return Dispatcher.of(runtime())
+
+
+_beacons: list[WorkerBeacon] = []
+
+
+def announce(queues: Sequence[str], concurrency: int) -> None:
+    """Keep a heartbeat row for this worker from the moment Celery is ready until it shuts down."""
+
+    @worker_ready.connect(weak=False)  # type: ignore[untyped-decorator]
+    def _start(sender: Any = None, **_kwargs: object) -> None:
+        name = str(getattr(sender, "hostname", None) or f"worker@{os.getpid()}")
+        beacon = WorkerBeacon(runtime().sessions, name, queues, concurrency, settings().heartbeat_s)
+        beacon.start()
+        _beacons.append(beacon)
+
+    @worker_shutdown.connect(weak=False)  # type: ignore[untyped-decorator]
+    def _stop(**_kwargs: object) -> None:
+        for beacon in _beacons:
+            beacon.stop()
 
 
 @worker_process_init.connect  # type: ignore[untyped-decorator]

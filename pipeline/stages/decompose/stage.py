@@ -21,11 +21,13 @@ from typing import Any
 import torch
 
 from pipeline.core.errors import InputError
+from pipeline.core.files import require_free_space
 from pipeline.formats.model_card import CARD_NAME, ModelCard
 from pipeline.formats.parts import PART_FORMAT
 from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult, inputs_of
 from pipeline.stages.decompose.merge import finish_report
 from pipeline.stages.decompose.shard import decompose_shard, read_part_index
+from pipeline.ternary.pack import tensor_nbytes
 from pipeline.ternary.policy import Recipe, decide, get_recipe
 from pipeline.ternary.report import TensorReport
 
@@ -95,6 +97,13 @@ def _source_module(card: ModelCard) -> Any:
     return source
 
 
+def _planned_bytes(shape: tuple[int, ...], ggml_type: str) -> int:
+    try:
+        return tensor_nbytes(ggml_type, shape)
+    except ValueError:
+        return 0  # the shard's own plan check names this tensor, with the reason
+
+
 def _fit_backend(recipe: Recipe, device: torch.device) -> str:
     """What fits the ternary tensors: the compiled CPU kernel (with its thread count) or torch."""
     from pipeline.ternary import kernel
@@ -131,6 +140,9 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
                          "check the download and inspect outputs")
     recipe = params.recipe
     decisions = {p.gguf_name: decide(p.gguf_name, p.shape, recipe) for p in plan}
+    needed = sum(_planned_bytes(p.shape, decisions[p.gguf_name].ggml_type)
+                 for p in plan if p.shard in selected)
+    require_free_space(workdir, needed, f"the decomposed parts of {len(selected)} shard(s)")
     outputs: list[OutputFile] = []
     rows: list[TensorReport] = []
     for shard in selected:

@@ -1,0 +1,6 @@
+"""The real stages with a decompose that misbehaves on purpose (BONSAI_STAGE_PACKAGE for fault tests).
+
+``BONSAI_TEST_DECOMPOSE_FAULT``: ``delay:S`` (sleep S seconds first, so a test can act while
+it runs), ``hog`` (grow memory until something stops it), ``sigkill`` (the process kills itself,
+as the kernel's out-of-memory killer would). Unset: the real decompose.
+"""
