@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pipeline.artifacts.store import ArtifactStore
@@ -103,3 +103,28 @@ def job_detail(job: Job, store: ArtifactStore | None = None) -> dict[str, Any]:
         gguf = next((out for out in outputs if out["kind"] == "gguf"), None)
     detail["gguf"] = gguf
     return detail
+
+
+def worker_rows(session: Any, timeout_s: float) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every worker row as shown to people (live, stopped or lost), and the queues no live worker serves."""
+    from pipeline.db import repo
+    from pipeline.db.models import utcnow
+    from pipeline.orchestration.queues import QUEUES
+
+    now = utcnow()
+    rows, served = [], set()
+    for worker in repo.all_workers(session):
+        age_s = (now - _aware(worker.heartbeat_at)).total_seconds()
+        state = "stopped" if worker.stopped_at else "live" if age_s <= timeout_s else "lost"
+        if state == "live":
+            served.update(worker.queues)
+        rows.append({"name": worker.name, "hostname": worker.hostname, "pid": worker.pid, "state": state,
+                     "queues": list(worker.queues), "concurrency": worker.concurrency,
+                     "held_task_ids": list(worker.held_task_ids), "started_at": worker.started_at,
+                     "heartbeat_at": worker.heartbeat_at, "heartbeat_age_s": round(age_s, 1)})
+    return rows, [queue for queue in QUEUES if queue not in served]
+
+
+def _aware(moment: datetime) -> datetime:
+    # SQLite hands timestamps back without their zone; they were written in UTC.
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)

@@ -3,6 +3,7 @@ memory, a stage process the kernel kills. Every one ends with the job settled, a
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -81,7 +82,14 @@ def test_live_workers_beat_with_the_tasks_they_hold(cluster: Cluster, demo_check
     with session_scope(cluster.sessions) as session:
         (worker,) = repo.all_workers(session)
         assert worker.name == "w0@" + worker.hostname and worker.queues == ["io", "cpu", "gpu"]
+    listed = json.loads(cluster.bonsai("workers", "--json").stdout)
+    assert [(w["name"], w["state"]) for w in listed["workers"]] == [(worker.name, "live")]
+    assert listed["queues_without_live_worker"] == []
     assert cluster.wait_jobs_final([job_id], timeout_s=120) == {job_id: "succeeded"}
+    cluster.stop()
+    listed = json.loads(cluster.bonsai("workers", "--json").stdout)
+    assert [w["state"] for w in listed["workers"]] == ["stopped"]  # a warm shutdown says so
+    assert listed["queues_without_live_worker"] == ["io", "cpu", "gpu"]
 
 
 def test_memory_hog_is_stopped_and_fails_the_job_after_the_attempt_limit(

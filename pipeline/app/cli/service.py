@@ -108,3 +108,34 @@ def serve(obj: CliContext, host: str, port: int) -> None:
     from pipeline.app.api.app import create_app
 
     uvicorn.run(create_app(obj.settings, obj.runtime()), host=host, port=port, log_level="info")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@guard
+def workers(obj: CliContext, as_json: bool) -> None:
+    """Workers: their queues, what they hold, their last heartbeat; and queues no live worker serves."""
+    from pipeline.app.views import worker_rows
+    from pipeline.db.session import session_scope
+
+    if obj.settings.is_embedded:
+        click.echo("embedded mode (no BONSAI_BROKER_URL): stages run in the process that runs the job; "
+                   "there are no workers")
+        return
+    rt = obj.runtime()
+    with session_scope(rt.sessions) as session:
+        rows, idle_queues = worker_rows(session, obj.settings.heartbeat_timeout_s)
+    if as_json:
+        click.echo(json.dumps({"workers": rows, "queues_without_live_worker": idle_queues}, indent=2,
+                              sort_keys=True, default=str))
+        return
+    if not rows:
+        click.echo("no worker has ever reported: start one with `bonsai worker --queues io,cpu,gpu`")
+    for row in rows:
+        held = f", holds {len(row['held_task_ids'])} task(s)" if row["held_task_ids"] else ""
+        click.echo(f"{row['name']:<32} {row['state']:<8} queues {','.join(row['queues'])}; "
+                   f"last heartbeat {row['heartbeat_age_s']:.0f}s ago{held}")
+    for queue in idle_queues:
+        click.echo(f"warning: no live worker serves queue {queue!r}; its stages wait until one does "
+                   f"(`bonsai worker --queues {queue}`)", err=True)
