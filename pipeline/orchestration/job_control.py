@@ -88,6 +88,7 @@ def create_jobs(
     """
     for request in requests:
         check_request(request)
+    for request in requests:
         policy.check(request.source)
     return [
         repo.create_job(session, r.source, r.recipe, r.options, r.priority, submitted_by).id for r in requests

@@ -103,8 +103,9 @@ def test_corrupted_file_stops_job_at_checksum(
 def test_missing_source_is_a_clear_error(migrated: tuple[Path, str], tmp_path: Path) -> None:
     home, db_url = migrated
     result = _bonsai(home, db_url, "convert", str(tmp_path / "no-such-folder"))
-    assert result.returncode == 1
-    detail = _show(home, db_url, 1)
-    download = detail["stages"][0]
-    assert download["status"] == "failed" and download["error_kind"] == "permanent"
-    assert "no-such-folder" in download["error_message"]
+    # Checked before a job exists: one clear line, exit 2, nothing recorded.
+    assert result.returncode == 2
+    assert "no-such-folder" in result.stderr and "does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
+    jobs = _bonsai(home, db_url, "jobs", "--json")
+    assert json.loads(jobs.stdout) == []

@@ -63,7 +63,7 @@ def test_server_killed_mid_upload(tmp_path: Path, demo_checkpoint: Path,
         source = tmp_path / "model"
         shutil.copytree(demo_checkpoint, source)
         big = os.urandom(96 * 1024 * 1024)  # 20 parts: the kill lands while they go up
-        (source / "extra-weights.dat").write_bytes(big)
+        (source / "extra-weights.safetensors").write_bytes(big)
         big_key = S3Location(bucket, "store").key(hashlib.sha256(big).hexdigest())
         settings = Settings(home=tmp_path / "home", artifact_root=f"s3://{bucket}/store",
                             s3_endpoint_url=server.endpoint_url, s3_part_size_bytes=PART)
