@@ -249,7 +249,9 @@ def _print_breakdown(llama: dict[str, float], ours: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=1, help="timed runs of each side; medians are reported")
     parser.add_argument("--workdir", type=Path, default=None, help="where the temporary folder goes")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
