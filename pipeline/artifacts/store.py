@@ -7,14 +7,17 @@ already present is a no-op that returns the existing entry.
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from pipeline.errors import InputError
 
-__all__ = ["ArtifactStore", "StoredArtifact", "check_digest"]
+__all__ = ["ArtifactStore", "DigestWitness", "StoredArtifact", "check_digest", "put_all"]
 
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
@@ -49,6 +52,31 @@ class ArtifactStore(Protocol):
     def uri(self, sha256: str) -> str:
         """The URI recorded in the database for this digest."""
         ...
+
+
+class DigestWitness(Protocol):
+    """A store that can vouch for the digest of a file it wrote itself, so nobody hashes it twice."""
+
+    def witnessed(self, path: Path) -> StoredArtifact | None:
+        """The digest computed from the bytes at `path` when they were written, if provably unchanged.
+
+        None when the file is not one this store wrote in this process, or changed since:
+        the caller then hashes the bytes itself.
+        """
+        ...
+
+
+def put_all(store: ArtifactStore, files: Sequence[tuple[Path, str | None]]) -> list[StoredArtifact]:
+    """`store.put(path, expected_sha256)` for every file, in parallel across cores; results in order.
+
+    Puts hash what they store and hashlib releases the GIL, so threads use every core. The
+    first IntegrityError (or OSError) raised by any put is raised here.
+    """
+    workers = min(len(files), os.cpu_count() or 1)
+    if workers <= 1:
+        return [store.put(path, expected) for path, expected in files]
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="put") as pool:
+        return list(pool.map(lambda item: store.put(*item), files))
 
 
 def check_digest(sha256: str) -> str:
