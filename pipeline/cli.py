@@ -251,7 +251,12 @@ def worker(obj: CliContext, queues: str, concurrency: int, hostname: str | None)
     unknown = sorted(set(wanted) - {"io", "cpu", "gpu"})
     if unknown or not wanted:
         _fail(f"--queues {queues!r}: unknown queue(s) {unknown}; choose from io, cpu, gpu")
+    import os
+
     _export_settings(obj.settings)
+    if not obj.settings.worker_threads and concurrency > 1:
+        # N pool children each taking every core would fight over them: share the cores instead.
+        os.environ["BONSAI_WORKER_THREADS"] = str(max(1, (os.cpu_count() or 1) // concurrency))
     from workers.celery_app import app
 
     name = hostname or f"bonsai-{'-'.join(wanted)}@%h"

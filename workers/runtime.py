@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 from functools import cache
 
 from celery.signals import worker_process_init
@@ -13,7 +14,7 @@ from pipeline.bootstrap import build_runtime, forget_engines_after_fork
 from pipeline.execution import Runtime
 from pipeline.settings import Settings
 
-__all__ = ["runtime", "settings"]
+__all__ = ["limit_threads", "runtime", "settings"]
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,30 @@ def runtime() -> Runtime:
 @worker_process_init.connect
 def _forget_parent_connections(**_kwargs: object) -> None:
     forget_engines_after_fork()
+    limit_threads(settings().worker_threads)
     _warm_up_kernel()
+
+
+# What each library reads when it starts its thread pool; set before the first import.
+_THREAD_VARIABLES = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def limit_threads(threads: int) -> None:
+    """Give numba and torch `threads` threads in this process, so workers on one machine share its cores.
+
+    0 leaves the libraries' defaults (one thread per core). Libraries not imported yet read
+    the variables when they start; those already imported are told directly.
+    """
+    if threads <= 0:
+        return
+    for name in _THREAD_VARIABLES:
+        os.environ[name] = str(threads)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+    if "numba" in sys.modules:
+        numba = sys.modules["numba"]
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    log.info("worker threads: %d for numba and torch (BONSAI_WORKER_THREADS)", threads)
 
 
 def _warm_up_kernel() -> None:
