@@ -58,9 +58,13 @@ _THREAD_VARIABLES = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", 
 def limit_threads(threads: int) -> None:
     """Give numba and torch `threads` threads in this process, so workers on one machine share its cores.
 
-    0 leaves the libraries' defaults (one thread per core). Libraries not imported yet read
-    the variables when they start; those already imported are told directly.
+    0 leaves the libraries' thread counts (one per core). Libraries not imported yet read the
+    variables when they start; those already imported are told directly. Either way, OpenMP's
+    idle threads sleep rather than spin (unless OMP_WAIT_POLICY says otherwise): on a busy
+    2-core machine spinning threads took the cores from the working one and made decompose
+    2-3x slower (bench/scaling.py, issue 14).
     """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if threads <= 0:
         return
     for name in _THREAD_VARIABLES:
