@@ -16,7 +16,10 @@ Relative errors are ``||w - w_hat||_F / ||w||_F`` over all block linear weights 
 read back from each GGUF with gguf-py and compared with the source. Peak RSS is each child's
 high-water mark (VmHWM). The 2B checkpoint is decomposed by our route only, for the memory check.
 
-    .venv/bin/python bench/decompose.py [--sizes 0.5b,2b] [--workdir DIR] [--keep]
+Each side runs ``--runs`` times (default 3), each in a fresh child process after ``sync``;
+the median is reported with every run's time and the spread.
+
+    .venv/bin/python bench/decompose.py [--sizes 0.5b,2b] [--runs 3] [--workdir DIR] [--keep]
 
 Last line: ``time_ratio=… error_ratio=… rss_growth=…`` (ours / llama.cpp time and error at
 0.5B; our peak RSS at 2B over 0.5B). Targets: ≤ 1.0, ≤ 0.6, ≤ 1.2.
@@ -31,11 +34,12 @@ import os
 import re
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +81,7 @@ def build_checkpoint(dest: Path, size: str, seed: int = 0) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from pipeline.demo.checkpoint import write_demo_checkpoint
+    from pipeline.demo import write_demo_checkpoint
 
     layers, hidden, inter, heads, kv = SIZES[size]
     tok = write_demo_checkpoint(dest / "_tokenizer")
@@ -194,7 +198,49 @@ def child_llama(src: Path, dst: Path) -> dict[str, Any]:
             "threads": f"nthread {params.nthread}"}
 
 
+_RUNS = 3  # timed runs per side (--runs); each is a fresh child process
+
+
 def _run_child(*args: str) -> dict[str, Any]:
+    """The median of `_RUNS` runs of one child, by total_s, with every run's time and the spread.
+
+    Each run starts from a clean output path and with no dirty pages pending (the outputs are
+    deterministic: the last run's are kept for the error figures).
+    """
+    return median_of_runs(_RUNS, lambda: _run_child_once(*args), before_each=lambda: _clear_output(args))
+
+
+def median_of_runs(runs: int, once: Callable[[], dict[str, Any]],
+                   before_each: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Call `once()` (a dict with ``total_s``) `runs` times; the median run plus ``runs_s``, ``spread_s``."""
+    results = []
+    for _ in range(max(1, runs)):
+        if before_each is not None:
+            before_each()
+        results.append(once())
+    times = [float(r["total_s"]) for r in results]
+    median = statistics.median(times)
+    middle = min(results, key=lambda r: abs(float(r["total_s"]) - median))
+    return middle | {"total_s": median, "runs_s": times, "spread_s": max(times) - min(times)}
+
+
+def _set_runs(runs: int) -> None:
+    global _RUNS
+    _RUNS = runs
+
+
+def _clear_output(args: tuple[str, ...]) -> None:
+    # Written-back pages only: the just-written checkpoint or F16 GGUF would otherwise be
+    # flushed to disk on the first run's clock (the first llama.cpp run took up to 2x longer).
+    os.sync()
+    out = Path(args[-1])
+    if out.is_dir():
+        shutil.rmtree(out)
+    elif out.exists():
+        out.unlink()
+
+
+def _run_child_once(*args: str) -> dict[str, Any]:
     proc = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True,
                           check=False)
     if proc.returncode != 0:
@@ -311,6 +357,15 @@ def _print_table(first: dict[str, Any], second: dict[str, Any] | None) -> None:
               f"rel. error {second['ours']['rel_error']:.4f}")
 
 
+def _print_runs(first: dict[str, Any]) -> None:
+    for side in ("ours", "llama"):
+        if side in first and "runs_s" in first[side]:
+            result = first[side]
+            runs = ", ".join(f"{t:.2f}" for t in result["runs_s"])
+            print(f"{side} at {first['size']}: median {result['total_s']:.2f} s of "
+                  f"{len(result['runs_s'])} runs ({runs}; spread {result['spread_s']:.2f} s)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -318,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="0.5b,2b", help="comparison size, then the memory-check size")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument("--runs", type=int, default=_RUNS, help="timed runs per side; the median is reported")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -325,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         result = child_ours(*map(Path, rest)) if kind == "ours" else child_llama(*map(Path, rest))
         print(json.dumps(result))
         return 0
+    _set_runs(args.runs)
     sizes = args.sizes.split(",")
     load_before = os.getloadavg()
     root = Path(tempfile.mkdtemp(prefix="bench-decompose-", dir=args.workdir))
@@ -335,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     _print_table(first, second)
+    _print_runs(first)
     print("load average (1, 5, 15 min): before " + " ".join(f"{x:.2f}" for x in load_before)
           + ", after " + " ".join(f"{x:.2f}" for x in os.getloadavg()) + f" on {os.cpu_count()} cores")
     time_ratio = first["ours"]["total_s"] / first["llama"]["total_s"]

@@ -9,6 +9,7 @@ command, the API) nothing is counted and nothing stays pinned.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -26,6 +27,14 @@ class StoreActivity:
     downloaded_bytes: int = 0
     uploaded_bytes: int = 0
     pinned_fds: list[int] = field(default_factory=list)
+    # Puts of one attempt run on several threads (`store.put_all`): counts go through `add`.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **counts: int) -> None:
+        """Add to the named counters, safely from any thread of the attempt."""
+        with self._lock:
+            for name, value in counts.items():
+                setattr(self, name, getattr(self, name) + value)
 
     def as_metrics(self) -> dict[str, int]:
         """Stage-metric entries; empty when the store did no counted work (a local folder store)."""

@@ -6,15 +6,18 @@ import hashlib
 import os
 import shutil
 import tempfile
+import threading
+from collections import OrderedDict
 from pathlib import Path
 
+from pipeline.artifacts.copying import copy_and_hash
 from pipeline.artifacts.store import StoredArtifact, check_digest
 from pipeline.core.errors import IntegrityError
 from pipeline.core.files import commit_file
 
 __all__ = ["LocalStore"]
 
-_COPY_CHUNK_BYTES = 8 * 1024 * 1024
+_WITNESS_LIMIT = 4096  # files remembered; a long-lived worker forgets the oldest
 
 
 class LocalStore:
@@ -27,6 +30,9 @@ class LocalStore:
     def __init__(self, root: Path) -> None:
         self.root = Path(root).resolve()
         (self.root / "tmp").mkdir(parents=True, exist_ok=True)
+        # (st_dev, st_ino) -> (size, mtime_ns, ctime_ns, sha256) of files this store wrote and hashed.
+        self._witnessed: OrderedDict[tuple[int, int], tuple[int, int, int, str]] = OrderedDict()
+        self._witness_lock = threading.Lock()
 
     def _final_path(self, sha256: str) -> Path:
         check_digest(sha256)
@@ -39,11 +45,16 @@ class LocalStore:
         fd, tmp_name = tempfile.mkstemp(dir=self.root / "tmp", prefix="put-")
         tmp = Path(tmp_name)
         try:
+            copied_mtime_ns = None
             if self._can_link(source):
                 os.close(fd)
                 sha256, size = self._link_and_hash(source, tmp)
             else:
-                sha256, size = self._copy_and_hash(source, fd)
+                try:
+                    sha256, size = copy_and_hash(source, fd)
+                    copied_mtime_ns = os.fstat(fd).st_mtime_ns
+                finally:
+                    os.close(fd)
             if expected_sha256 is not None and sha256 != expected_sha256:
                 raise IntegrityError(
                     f"{source}: stored bytes hash to {sha256}, expected {expected_sha256}; not stored"
@@ -52,10 +63,50 @@ class LocalStore:
             final.parent.mkdir(parents=True, exist_ok=True)
             if not final.exists():
                 os.chmod(tmp, 0o444)
-                commit_file(tmp, final, exclusive=True)  # equal bytes under an equal key: keep the first
+                is_new = commit_file(tmp, final, exclusive=True)  # equal bytes under an equal key: keep one
+                if is_new and copied_mtime_ns is not None:
+                    self._witness(final, sha256, size, copied_mtime_ns)
             return StoredArtifact(sha256, size, final.as_uri())
         finally:
             tmp.unlink(missing_ok=True)
+
+    def _witness(self, final: Path, sha256: str, size: int, copied_mtime_ns: int) -> None:
+        """Remember that this process wrote `final` and hashed its bytes, as its stat shows it now.
+
+        Only copies are remembered: the store created the file, wrote every byte through its
+        own descriptor and hashed what it wrote. An mtime that moved since the last write means
+        someone else wrote too, and the file is not vouched for.
+        """
+        stat = final.stat()
+        if stat.st_size != size or stat.st_mtime_ns != copied_mtime_ns:
+            return
+        with self._witness_lock:
+            self._witnessed[(stat.st_dev, stat.st_ino)] = (size, stat.st_mtime_ns, stat.st_ctime_ns, sha256)
+            while len(self._witnessed) > _WITNESS_LIMIT:
+                self._witnessed.popitem(last=False)
+
+    def witnessed(self, path: Path) -> StoredArtifact | None:
+        """The digest this store computed for the file at `path` when it wrote it, if unchanged since.
+
+        "Unchanged" means same inode, size, mtime and ctime: any write or mode change since
+        moves ctime, so a file edited after it was stored is hashed again by whoever asks. The
+        check is as fine as the file system's timestamps: Linux 6.13+ gives a changed inode a
+        fresh fine-grained ctime once it has been stat'ed (the store stats it right after the
+        rename); older kernels stamp with the clock tick (1-4 ms), and a write within the tick
+        of the store's own rename would go unseen. None for any other file.
+        """
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return None
+        with self._witness_lock:
+            known = self._witnessed.get((stat.st_dev, stat.st_ino))
+        if known is None:
+            return None
+        size, mtime_ns, ctime_ns, sha256 = known
+        if (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns) != (size, mtime_ns, ctime_ns):
+            return None
+        return StoredArtifact(sha256, size, self._final_path(sha256).as_uri())
 
     def _can_link(self, source: Path) -> bool:
         # A file with other names (a user's folder linked into a work folder) is copied, so
@@ -70,18 +121,6 @@ class LocalStore:
         with open(tmp, "rb") as handle:
             digest = hashlib.file_digest(handle, "sha256")
         return digest.hexdigest(), tmp.stat().st_size
-
-    @staticmethod
-    def _copy_and_hash(source: Path, fd: int) -> tuple[str, int]:
-        digest = hashlib.sha256()
-        size = 0
-        with open(source, "rb") as src, os.fdopen(fd, "wb") as dst:
-            # Hash while copying: one read of the bytes proves what was stored.
-            while chunk := src.read(_COPY_CHUNK_BYTES):
-                digest.update(chunk)
-                dst.write(chunk)
-                size += len(chunk)
-        return digest.hexdigest(), size
 
     def has(self, sha256: str) -> bool:
         return self._final_path(sha256).is_file()

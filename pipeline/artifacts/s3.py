@@ -158,15 +158,15 @@ class S3Store:
         hit = self.cache.lookup(sha256)
         if hit is not None:
             if activity is not None:
-                activity.cache_hits += 1
+                activity.add(cache_hits=1)
             return hit
         uri = self.uri(sha256)
         with self._errors(f"downloading {uri}"):
             body = self._get_body(sha256)
             path = self.cache.fill(sha256, body.iter_chunks(_HASH_CHUNK_BYTES), uri)
         if activity is not None:
-            activity.cache_misses += 1
-            activity.downloaded_bytes += path.stat().st_size
+            activity.add(cache_misses=1)
+            activity.add(downloaded_bytes=path.stat().st_size)
         return path
 
     def rehash(self, sha256: str) -> tuple[str, int]:
@@ -178,7 +178,7 @@ class S3Store:
                 size += len(chunk)
         activity = current_activity()
         if activity is not None:
-            activity.downloaded_bytes += size
+            activity.add(downloaded_bytes=size)
         return digest.hexdigest(), size
 
     def verify(self, sha256: str) -> bool:
@@ -307,7 +307,7 @@ class S3Store:
     def _count_upload(size: int) -> None:
         activity = current_activity()
         if activity is not None:
-            activity.uploaded_bytes += size
+            activity.add(uploaded_bytes=size)
 
     @contextmanager
     def _errors(self, doing: str) -> Iterator[None]:

@@ -7,14 +7,18 @@ already present is a no-op that returns the existing entry.
 
 from __future__ import annotations
 
+import contextvars
+import os
 import re
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from pipeline.core.errors import InputError
 
-__all__ = ["ArtifactStore", "StoredArtifact", "check_digest"]
+__all__ = ["ArtifactStore", "StoredArtifact", "check_digest", "put_all"]
 
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
@@ -60,6 +64,28 @@ class ArtifactStore(Protocol):
     def uri(self, sha256: str) -> str:
         """The URI recorded in the database for this digest."""
         ...
+
+
+def put_all(store: ArtifactStore, files: Sequence[tuple[Path, str | None]]) -> list[StoredArtifact]:
+    """`store.put(path, expected_sha256)` for every file, in parallel across cores; results in order.
+
+    Puts hash what they store and hashlib releases the GIL, so threads use every core. The
+    first IntegrityError (or OSError) raised by any put is raised here.
+    """
+    workers = min(len(files), os.cpu_count() or 1)
+    if workers <= 1:
+        return [store.put(path, expected) for path, expected in files]
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="put") as pool:
+        # Each put runs in a copy of this context, so it counts into the attempt's store activity.
+        futures = [pool.submit(_in_context(contextvars.copy_context(), store, path, expected))
+                   for path, expected in files]
+        return [future.result() for future in futures]
+
+
+def _in_context(
+    context: contextvars.Context, store: ArtifactStore, path: Path, expected: str | None
+) -> Callable[[], StoredArtifact]:
+    return lambda: context.run(store.put, path, expected)
 
 
 def check_digest(sha256: str) -> str:

@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     requeue_after_s: float = 60.0
     # Distributed mode: decompose a model of several shards on several workers at once.
     fanout: bool = True
+    # Threads each worker process gives numba (the ternary kernel) and torch; 0 leaves their default
+    # (every core), except that `bonsai worker --concurrency N` shares the cores among its N children.
+    worker_threads: int = 0
     # Package holding the stage modules; only benchmarks change it (to no-op stages).
     stage_package: str = "pipeline.stages"
     # Hugging Face token, passed to the hub client only; never stored or logged.
@@ -132,6 +135,11 @@ class Settings(BaseSettings):
         if self.heartbeat_timeout_s <= 0:
             raise InputError(
                 f"BONSAI_HEARTBEAT_TIMEOUT_S must be positive, got {self.heartbeat_timeout_s}"
+            )
+        if self.worker_threads < 0:
+            raise InputError(
+                f"BONSAI_WORKER_THREADS must be 0 (libraries' default) or a thread count, "
+                f"got {self.worker_threads}"
             )
         scheme = self.resolved_database_url.split(":", 1)[0]
         if not scheme.startswith(("sqlite", "postgresql")):

@@ -16,7 +16,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
 from pipeline.artifacts.activity import current_activity
-from pipeline.artifacts.store import ArtifactStore
+from pipeline.artifacts.store import ArtifactStore, put_all
 from pipeline.core.errors import error_kind
 from pipeline.core.states import StageName, StageState
 from pipeline.db import repo
@@ -99,8 +99,8 @@ def record_success(
             "application/octet-stream", None,
         )
         repo.link_artifact(session, run, "in", name, stored)
-    for output in result.outputs:
-        stored_file = rt.store.put(output.path, expected_sha256=output.sha256)
+    stored_files = put_all(rt.store, [(output.path, output.sha256) for output in result.outputs])
+    for output, stored_file in zip(result.outputs, stored_files, strict=True):
         artifact = repo.record_artifact(
             session, stored_file.sha256, stored_file.size_bytes, stored_file.uri,
             output.kind, output.media_type, run,

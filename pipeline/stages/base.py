@@ -25,6 +25,7 @@ __all__ = [
     "StageResult",
     "inputs_of",
     "Stage",
+    "DigestWitness",
 ]
 
 
@@ -96,3 +97,18 @@ class Stage(Protocol):
     def make_params(self, job: JobSpec) -> Any: ...
 
     def run(self, params: Any, inputs: Mapping[str, InputFile], workdir: Path) -> StageResult: ...
+
+
+class KnownDigest(Protocol):
+    sha256: str
+    size_bytes: int
+
+
+class DigestWitness(Protocol):
+    """Who can vouch for the digest of a file it wrote itself (the artifact store), so nobody hashes
+    it twice; passed to the checksum stage as its ``store_witness`` client."""
+
+    def witnessed(self, path: Path) -> KnownDigest | None:
+        """The digest computed from the bytes at `path` when they were written, if provably unchanged;
+        None when the file is not one it wrote, or changed since: the caller hashes it then."""
+        ...

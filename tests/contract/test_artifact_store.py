@@ -116,3 +116,31 @@ def test_concurrent_puts_of_the_same_bytes(tmp_path: Path) -> None:
     assert len({r.sha256 for r in results}) == 1
     assert store.verify(results[0].sha256)
     assert list((store.root / "tmp").iterdir()) == []
+
+
+def test_local_store_vouches_only_for_copies_it_wrote_and_that_are_unchanged(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    original = _file(tmp_path, "user-file", b"user data" * 1000)
+    alias = tmp_path / "alias"
+    os.link(original, alias)  # another name: the store copies it
+    stored = store.put(alias)
+    assert store.witnessed(store.path(stored.sha256)) == stored
+    assert store.witnessed(original) is None  # the user's file is not the stored copy
+    linked = store.put(_file(tmp_path, "single-name", b"work file"))  # hard-linked, not written by the store
+    assert store.witnessed(store.path(linked.sha256)) is None
+    path = store.path(stored.sha256)
+    os.chmod(path, 0o644)
+    path.write_bytes(b"tampered " * 1000)
+    assert store.witnessed(path) is None
+    assert store.witnessed(tmp_path / "no-such-file") is None
+
+
+def test_put_all_keeps_order_and_raises_integrity_errors(store, tmp_path: Path) -> None:
+    from pipeline.artifacts.store import put_all
+
+    files = [_file(tmp_path, f"f{i}", os.urandom(50_000 + i)) for i in range(5)]
+    stored = put_all(store, [(path, None) for path in files])
+    assert [s.sha256 for s in stored] == [hashlib.sha256(p.read_bytes()).hexdigest() for p in files]
+    wrong = "0" * 64
+    with pytest.raises(IntegrityError, match=wrong):
+        put_all(store, [(files[0], None), (_file(tmp_path, "g", b"other"), wrong)])

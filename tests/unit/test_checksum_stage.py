@@ -153,3 +153,33 @@ def test_hash_file_matches_hashlib(tmp_path: Path) -> None:
     path.write_bytes(b"abc" * 100_000)
     digest = checksum.hash_file("f", path)
     assert digest.sha256 == _sha(b"abc" * 100_000) and digest.size_bytes == 300_000
+
+
+def test_files_the_store_wrote_are_not_read_again_unless_changed(tmp_path: Path) -> None:
+    import os
+    import time
+
+    from pipeline.artifacts import LocalStore
+
+    store = LocalStore(tmp_path / "store")
+    inputs = {}
+    for name, data in FILES.items():
+        source = tmp_path / "src" / name
+        source.parent.mkdir(parents=True, exist_ok=True)
+        source.write_bytes(data)
+        os.link(source, tmp_path / f"alias-{name.replace('/', '_')}")  # a second name: the store copies
+        stored = store.put(source)
+        inputs[f"download/{name}"] = InputFile(name, store.path(stored.sha256), stored.sha256, len(data))
+    work = tmp_path / "work"
+    work.mkdir()
+    result = checksum.run(checksum.make_params(None), inputs, work, store_witness=store)  # type: ignore[arg-type]
+    assert result.metrics["witnessed_count"] == len(FILES) and result.metrics["hashed_bytes"] == 0
+    names = json.loads(result.outputs[0].path.read_text())["files"]
+    assert [f["sha256"] for f in names] == [_sha(data) for _, data in sorted(FILES.items())]
+
+    tampered = inputs["download/config.json"].path
+    time.sleep(0.02)  # past the clock tick kernels before 6.13 stamp files with (LocalStore.witnessed)
+    os.chmod(tampered, 0o644)
+    tampered.write_bytes(b"[]")
+    with pytest.raises(IntegrityError, match="config.json.*stored copy corrupted"):
+        checksum.run(checksum.make_params(None), inputs, tmp_path / "work", store_witness=store)  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ def worker(obj: CliContext, queues: str, concurrency: int, hostname: str | None)
     from pipeline.orchestration.distributed.celery_app import app_for
     from pipeline.orchestration.distributed.tasks import register_tasks
 
-    worker_process.configure(obj.settings)  # pool children are forked from this process
+    worker_process.configure(obj.settings, concurrency)  # pool children are forked from this process
     worker_process.announce(wanted, concurrency)
     app = app_for(obj.settings)
     register_tasks(app)

@@ -21,6 +21,7 @@ from pipeline.orchestration.bootstrap import build_runtime, forget_engines_after
 from pipeline.orchestration.distributed.beacon import WorkerBeacon
 from pipeline.orchestration.distributed.dispatch import Dispatcher
 from pipeline.orchestration.runtime import Runtime
+from pipeline.orchestration.threads import limit_threads, threads_per_child
 
 __all__ = ["configure", "settings", "runtime", "dispatcher", "announce"]
 
@@ -29,9 +30,14 @@ log = logging.getLogger(__name__)
 _configured: list[Settings] = []
 
 
-def configure(worker_settings: Settings) -> None:
-    """Use `worker_settings` in this process and in the pool children forked from it."""
+_threads: list[int] = []
+
+
+def configure(worker_settings: Settings, concurrency: int = 1) -> None:
+    """Use `worker_settings` in this process and in the pool children forked from it; each child gets
+    BONSAI_WORKER_THREADS threads, or the cores split among `concurrency` children."""
     _configured[:] = [worker_settings]
+    _threads[:] = [threads_per_child(worker_settings.worker_threads, concurrency)]
 
 
 def settings() -> Settings:
@@ -78,6 +84,7 @@ def announce(queues: Sequence[str], concurrency: int) -> None:
 @worker_process_init.connect  # type: ignore[untyped-decorator]
 def _forget_parent_connections(**_kwargs: object) -> None:
     forget_engines_after_fork()
+    limit_threads(_threads[0] if _threads else settings().worker_threads)
     _warm_up_kernel()
 
 

@@ -1,0 +1,28 @@
+"""The real decompose stage, run on the checkpoint in ``BENCH_SCALING_CKPT`` whatever the job says.
+
+The folder holds ``ckpt/`` (the safetensors checkpoint) and ``model_card.json``; each job
+decomposes it anew (never cached), as a worker would a new checkpoint of that size.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from bench.noop_stages import Params, cache_identity, make_params
+from pipeline.stages import decompose
+from pipeline.stages.base import InputFile, JobSpec, StageResult, sha256_file
+
+NAME = "decompose"
+VERSION = "scaling-1"
+__all__ = ["NAME", "VERSION", "Params", "make_params", "cache_identity", "run"]
+
+
+def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> StageResult:
+    folder = Path(os.environ["BENCH_SCALING_CKPT"])
+    files = {f"download/{p.name}": InputFile(p.name, p, "", p.stat().st_size)
+             for p in sorted((folder / "ckpt").iterdir())}
+    card = folder / "model_card.json"
+    files["inspect/model_card.json"] = InputFile(card.name, card, sha256_file(card), card.stat().st_size)
+    return decompose.run(decompose.make_params(JobSpec(params.source, "tq2_0")), files, workdir)
