@@ -5,8 +5,10 @@ an HF source through a 16-bit GGUF of it). As ``llama-imatrix`` does (tools/imat
 callback asks for the nodes that are MUL_MAT or MUL_MAT_ID products with a weight of a block
 (``blk.*``) as source 0 and an F32 activation as source 1; source 1's rows are the weight's
 inputs. A MUL_MAT_ID (stacked experts) row is counted for the expert ``ids`` (source 2) routed
-it to. Every position of every sequence is an output, so the last block sees every token (with
-fewer outputs llama.cpp would drop the other rows before that block's feed-forward).
+it to. Every position of every sequence is an output whenever the last block's weights are
+collected or a reference is built: with fewer outputs llama.cpp drops the other rows before the
+last block's feed-forward (and skips most of the output head, the bulk of the work for a large
+vocabulary, which is why a run for earlier blocks alone asks for the last position only).
 
 The same pass can hand each sequence's logits to a `reference.ReferenceBuilder`, so the
 source's reference answers cost no second run.
@@ -186,9 +188,13 @@ def collect_with_llama_cpp(
         eval_callback=callback.function,
         is_f32_cache=is_f32_cache,
     ) as session:
+        last_block = f"{_BLOCK_PREFIX}{session.n_layer - 1}."
+        all_positions = (
+            reference is not None or weights is None or any(w.startswith(last_block) for w in weights)
+        )
         for index, ids in enumerate(sequences.ids):
             try:
-                logits = session.logits(ids)
+                logits = session.logits(ids, all_positions)
             except PipelineError:
                 if callback.error is not None:
                     raise callback.error from None

@@ -169,12 +169,19 @@ class LlamaSession:
             raise IntegrityError(f"{self.path.name}: tokenizing needs {-n} tokens, more than {capacity}")
         return [int(t) for t in buf[:n]]
 
-    def logits(self, ids: list[int] | tuple[int, ...]) -> npt.NDArray[np.float32]:
+    @property
+    def n_layer(self) -> int:
+        """Transformer blocks of the model."""
+        return int(self._lib.llama_model_n_layer(self._model))
+
+    def logits(self, ids: list[int] | tuple[int, ...], all_positions: bool = True) -> npt.NDArray[np.float32]:
         """Logits ``[len(ids), n_vocab]`` of one sequence decoded from an empty cache in one batch.
 
-        A view of llama.cpp's buffer: valid until the next call. Raises InputError for a sequence
-        longer than ``n_ctx`` or empty, IntegrityError when decoding fails (or the eval callback
-        stopped it).
+        ``all_positions=False``: only the last position's, ``[1, n_vocab]``; llama.cpp then also
+        skips the other positions in the last block's feed-forward and output head (much faster
+        for a large vocabulary). A view of llama.cpp's buffer: valid until the next call.
+        Raises InputError for a sequence longer than ``n_ctx`` or empty, IntegrityError when
+        decoding fails (or the eval callback stopped it).
         """
         if self._ctx is None:
             raise InputError(f"{self.path.name} was opened vocab-only; it cannot be run")
@@ -186,7 +193,7 @@ class LlamaSession:
         for i, token in enumerate(ids):
             batch.token[i], batch.pos[i], batch.n_seq_id[i] = int(token), i, 1
             batch.seq_id[i][0] = 0
-            batch.logits[i] = 1
+            batch.logits[i] = 1 if all_positions or i == n - 1 else 0
         batch.n_tokens = n
         _recent_errors.clear()
         status = lib.llama_decode(self._ctx, batch)
@@ -196,4 +203,4 @@ class LlamaSession:
                 f"{llama_errors() or 'no reason given'}"
             )
         pointer = lib.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(pointer, shape=(n, self.n_vocab))
+        return np.ctypeslib.as_array(pointer, shape=(n if all_positions else 1, self.n_vocab))
