@@ -80,6 +80,9 @@ class _Callback:
         ggml_library()  # checks the struct mirror before any pointer is read through it
         self.stats, self.weights = stats, weights
         self.error: BaseException | None = None
+        # With ``stop_when_done``, the weights still to be seen in the current decode: once none is
+        # left the callback stops the graph (the rest would be computed for nothing).
+        self.pending: set[str] | None = None
         self.notes: set[str] = set()
         self.function = lib.ggml_backend_sched_eval_callback(self._on_node)
 
@@ -107,21 +110,27 @@ class _Callback:
             return name is not None
         if name is None:
             return True
+        self._collect(node, name)
+        if self.pending is not None:
+            self.pending.discard(name)
+            return bool(self.pending)  # False: the scheduler stops computing this graph
+        return True
+
+    def _collect(self, node: GGMLTensor, name: str) -> None:
         weight, x = node.src[0].contents, tensor_array(node.src[1].contents)  # x [ne3, ne2, ne1, ne0]
         if node.op == GGML_OP_MUL_MAT_ID:
             self._routed(name, weight, x, tensor_array(node.src[2].contents))
-            return True
+            return
         n2, n3 = int(weight.ne[2]), int(weight.ne[3])
         if n2 * n3 == 1:
             self.stats.add(name, torch.from_numpy(x.reshape(-1, x.shape[-1])))
-            return True
+            return
         # A stacked weight in a plain product: activation slice (i3, i2) meets matrix (i3 % n3, i2 % n2).
         for i3 in range(x.shape[0]):
             for i2 in range(x.shape[1]):
                 rows = torch.from_numpy(np.ascontiguousarray(x[i3, i2]))
                 mat = torch.full((rows.shape[0],), (i3 % n3) * n2 + (i2 % n2), dtype=torch.int64)
                 self.stats.add_routed(name, rows, mat, n2 * n3)
-        return True
 
     def _routed(
         self, name: str, weight: GGMLTensor, x: np.ndarray[Any, Any], ids: np.ndarray[Any, Any]
@@ -167,9 +176,11 @@ def collect_with_llama_cpp(
 ) -> CollectReport:
     """Run every sequence through llama.cpp, adding each block weight's inputs to ``stats``.
 
-    ``weights``: only these weight names (all block weights when None). ``reference``: gets each
-    sequence's logits. ``gram_dir``: where the Gram matrices ``stats.gram_for`` asked for are
-    written at the end (held in memory until then: ``cols²`` float64 per weight).
+    ``weights``: only these weight names (all block weights when None); without a ``reference``
+    each decode then stops as soon as they are all seen (a run for block 3 of 18 computes 4).
+    ``reference``: gets each sequence's logits. ``gram_dir``: where the Gram matrices
+    ``stats.gram_for`` asks for are written at the end (held in memory until then: ``cols²``
+    float64 per weight).
     ``on_sequence(done, total)`` reports progress. Raises IntegrityError when llama.cpp cannot
     load or run the file, or its ggml differs from `ggml_abi`'s mirror.
     """
@@ -192,7 +203,10 @@ def collect_with_llama_cpp(
         all_positions = (
             reference is not None or weights is None or any(w.startswith(last_block) for w in weights)
         )
+        # Only some weights and no logits wanted: stop each decode once they are all seen.
+        stop_early = reference is None and weights is not None
         for index, ids in enumerate(sequences.ids):
+            callback.pending = set(weights) if stop_early and weights is not None else None
             try:
                 logits = session.logits(ids, all_positions)
             except PipelineError:

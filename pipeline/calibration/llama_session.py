@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 _GGML_TYPE_F32 = 0
 _FLASH_ATTN_DISABLED = 0  # llama_flash_attn_type: what llama_cpp.Llama uses by default
-_GGML_LOG_LEVEL_ERROR = 3
+_GGML_LOG_LEVEL_ERROR, _GGML_LOG_LEVEL_CONT = 4, 5  # enum ggml_log_level
 _ERROR_LINES_KEPT = 8
 _recent_errors: deque[str] = deque(maxlen=_ERROR_LINES_KEPT)
 _state: dict[str, Any] = {}
@@ -58,6 +58,9 @@ def _llama() -> Any:
     @lib.llama_log_callback  # type: ignore[untyped-decorator]
     def on_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
         line = text.decode("utf-8", errors="replace")
+        if level == _GGML_LOG_LEVEL_CONT:
+            level = _state.get("last_level", 0)
+        _state["last_level"] = level
         if level == _GGML_LOG_LEVEL_ERROR:
             _recent_errors.append(line)
         log.debug("llama.cpp: %s", line.rstrip())

@@ -13,8 +13,8 @@ remaining weights for that error (lazily, one block of columns at a time). Each 
 blocks of ``block_size`` columns with one fp16 scale ``d`` and codes from ``codes`` (value =
 code x d); when the sweep reaches a block, its scales are fitted to the weights as updated so
 far, minimising ``Σ_j a_j (w_j − d t_j)²`` with ``a_j = 1 / U_jj²`` (the cost GPTQ's sweep
-charges for column ``j``'s error; ``diag H`` when H is diagonal): exactly for ternary
-(`fit.fit_optimal`) and binary codes, by search for other code sets. Last, with the codes
+charges for column ``j``'s error; ``diag H`` when H is diagonal), exactly (`fit_block_scales`).
+Last, with the codes
 fixed, every row's scales are re-solved jointly for the undamped objective (a small linear
 system per row: the block scales of a row interact through H) and a row keeps whichever
 scales give it the lower output error.
@@ -86,8 +86,7 @@ LAYOUTS: dict[str, Layout] = {
 # text) H is barely full rank for wide inputs and 1% overfits: on Gemma 3 270M layers, held-out
 # output error falls steadily from damp 0.01 to 0.1 and flattens by 0.3 (bench/calibration.py).
 DEFAULT_DAMP = 0.1
-_SEARCH_STEPS = 32  # candidate scales per sign for a code set without a closed-form fit
-_LLOYD_ITERS = 2
+_ENUM_ELEMENTS = 1 << 22  # float64 elements per chunk of the enumerated fit (32 MB)
 _RIDGE = 1e-9  # relative ridge of the per-row scale systems: blocks whose codes are all 0
 
 
@@ -102,41 +101,60 @@ class GptqFit:
 
 
 def nearest_codes(values: torch.Tensor, codes: CodeSet) -> torch.Tensor:
-    """The nearest code (as float32) to each of ``values`` (ties to the lower code)."""
-    table = torch.tensor(codes.values, dtype=torch.float32, device=values.device)
+    """The nearest code to each of ``values`` (ties to the lower code), in ``values``' dtype."""
+    lo, hi = codes.values[0], codes.values[-1]
+    if codes.values == tuple(range(lo, hi + 1)):  # consecutive integers: round, ties down, clamp
+        return torch.clamp(torch.ceil(values - 0.5), lo, hi)
+    table = torch.tensor(codes.values, dtype=values.dtype, device=values.device)
     mids = (table[1:] + table[:-1]) / 2
     return table[torch.bucketize(values.contiguous(), mids, right=False)]
 
 
-def _weighted_error(blocks: torch.Tensor, t: torch.Tensor, d: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-    diff = blocks - t * d[:, None]
-    return (a * diff * diff).sum(dim=1)
-
-
-def _fit_by_search(
+def _fit_enumerated(
     blocks: torch.Tensor, codes: CodeSet, a: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scales from a grid of candidates (both signs: an asymmetric code set is two sets), each refined
-    by a few least-squares / re-rounding steps; the lowest weighted error per block wins."""
-    top = float(max(abs(v) for v in codes.values))
-    amax = blocks.abs().amax(dim=1)
-    best_d = torch.zeros_like(amax)
-    best_err = (a * blocks * blocks).sum(dim=1)  # d = 0
+    """Exact weighted fit for any code set, by enumerating the code patterns a scale can induce.
+
+    At the optimum, the codes are the nearest codes for ``d`` and ``d`` is the least-squares scale
+    for those codes. As ``d`` sweeps (0, inf) the nearest codes change only where some ``w_j / d``
+    crosses a midpoint ``m`` between two codes, at ``d = w_j / m``; so the pattern of the optimum
+    is the pattern at some point between two consecutive such breakpoints. Each of those (at most
+    ``B x (n_codes - 1) + 1`` per sign, the negative sign being an asymmetric set's mirror) is
+    scored at its own least-squares ``d``: ``E = Σ a w² − (Σ a w t)² / Σ a t²``. float64 sums.
+    """
+    table = torch.tensor(codes.values, dtype=torch.float64, device=blocks.device)
+    mids = (table[1:] + table[:-1]) / 2
+    n, size = blocks.shape
+    best_err = torch.full((n,), float("inf"), dtype=torch.float64, device=blocks.device)
+    best_d = torch.zeros(n, dtype=torch.float64, device=blocks.device)
+    a64 = a.to(torch.float64)
+    chunk = max(1, _ENUM_ELEMENTS // (size * size * len(codes.values)))
     for sign in (1.0, -1.0):
-        for step in range(1, _SEARCH_STEPS + 1):
-            d = sign * amax / top * (0.3 + 0.9 * step / _SEARCH_STEPS)
-            for _ in range(_LLOYD_ITERS):
-                t = nearest_codes(blocks / torch.where(d != 0, d, 1.0)[:, None], codes)
-                num, den = (a * blocks * t).sum(dim=1), (a * t * t).sum(dim=1)
-                d = torch.where(den > 0, num / den.clamp_min(1e-30), d)
-            d = to_fp16_scale(d)
-            err = _weighted_error(
-                blocks, nearest_codes(blocks / torch.where(d != 0, d, 1.0)[:, None], codes), d, a
-            )
-            better = err < best_err
-            best_err, best_d = torch.where(better, err, best_err), torch.where(better, d, best_d)
-    t = nearest_codes(blocks / torch.where(best_d != 0, best_d, 1.0)[:, None], codes)
-    return torch.where(best_d[:, None] != 0, t, torch.zeros_like(t)), best_d
+        for r0 in range(0, n, chunk):
+            u, w8 = sign * blocks[r0 : r0 + chunk].to(torch.float64), a64[r0 : r0 + chunk]
+            points = (u[:, :, None] / torch.where(mids != 0, mids, float("nan"))).reshape(u.shape[0], -1)
+            points = torch.sort(torch.where(points > 0, points, float("inf")), dim=1).values
+            finite = torch.isfinite(points)
+            top = torch.where(finite, points, 0.0).amax(dim=1, keepdim=True)
+            upper = torch.where(finite, points, 2 * top + 1.0)  # beyond every breakpoint
+            between = (upper[:, :-1] + upper[:, 1:]) / 2
+            candidates = torch.cat([points[:, :1] / 2, between, 2 * top + 1.0], dim=1)
+            candidates = torch.where(torch.isfinite(candidates) & (candidates > 0), candidates, top + 1.0)
+            ratio = u[:, None, :] / candidates[:, :, None]  # [n, C, B]
+            t = nearest_codes(ratio, codes)
+            num, den = (w8[:, None, :] * u[:, None, :] * t).sum(-1), (w8[:, None, :] * t * t).sum(-1)
+            energy = (w8 * u * u).sum(-1, keepdim=True)
+            err = torch.where(den > 0, energy - num * num / den.clamp_min(1e-300), energy)
+            pick = err.argmin(dim=1, keepdim=True)
+            err_best = err.gather(1, pick).squeeze(1)
+            d_best = sign * torch.where(den > 0, num / den.clamp_min(1e-300), 0.0).gather(1, pick).squeeze(1)
+            better = err_best < best_err[r0 : r0 + chunk]
+            best_err[r0 : r0 + chunk] = torch.where(better, err_best, best_err[r0 : r0 + chunk])
+            best_d[r0 : r0 + chunk] = torch.where(better, d_best, best_d[r0 : r0 + chunk])
+    d = to_fp16_scale(best_d.to(torch.float32))
+    # Nearest codes for the rounded scale: never worse than the optimum's codes at that scale.
+    t = nearest_codes(blocks / torch.where(d != 0, d, 1.0)[:, None], codes)
+    return torch.where(d[:, None] != 0, t, torch.zeros_like(t)), d
 
 
 def fit_block_scales(
@@ -145,8 +163,9 @@ def fit_block_scales(
     """Per block of ``blocks`` [n, B]: codes (float32 [n, B], values of ``codes``) and the fp16 scale ``d``
     [n] minimising ``Σ_j a_j (w_j − d t_j)²`` (``importance`` ``a`` broadcastable to ``blocks``; 1 when None).
 
-    Exact for ternary (`fit.fit_optimal`) and binary (``t = sign w``, ``d = Σ a|w| / Σ a``; a zero
-    weight takes +1); a grid search with least-squares refinement for other code sets.
+    Exact (before fp16 rounding of ``d``) for every code set: ternary by `fit.fit_optimal`, binary in
+    closed form (``t = sign w``, ``d = Σ a|w| / Σ a``; a zero weight takes +1), others by
+    enumeration (`_fit_enumerated`).
     """
     blocks = blocks.to(torch.float32)
     a = (
@@ -162,7 +181,7 @@ def fit_block_scales(
         den = a.sum(dim=1)
         d = to_fp16_scale(torch.where(den > 0, (a * blocks.abs()).sum(dim=1) / den.clamp_min(1e-30), 0.0))
         return t, d
-    return _fit_by_search(blocks, codes, a)
+    return _fit_enumerated(blocks, codes, a)
 
 
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -207,13 +226,38 @@ def _inverse_factor(gram: torch.Tensor, damp: float) -> torch.Tensor:
     h.diagonal().add_(damp * float(h.diagonal().mean()) + 1e-12)
     try:
         lower = torch.linalg.cholesky(h)
-    except torch.linalg.LinAlgError as exc:
+    except RuntimeError as exc:  # torch.linalg.LinAlgError
         raise ValueError(
             f"the damped Gram matrix is not positive definite (damp {damp}); it holds NaN/inf or "
             "came from other inputs: recollect it, or raise damp"
         ) from exc
     upper: torch.Tensor = torch.linalg.cholesky(torch.cholesky_inverse(lower), upper=True)
     return upper
+
+
+def _sweep(wt: torch.Tensor, u: torch.Tensor, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPTQ's column sweep on the transposed weight ``wt`` [cols, rows] (each column contiguous, so
+    every error push is one rank-1 update); returns codes [rows, cols] and scales [rows, n_blocks]."""
+    cols, rows = wt.shape
+    size = layout.block_size
+    codes = torch.zeros((cols, rows), dtype=torch.float32, device=wt.device)
+    scales = torch.zeros((cols // size, rows), dtype=torch.float32, device=wt.device)
+    for b0 in range(0, cols, size):
+        b1 = b0 + size
+        block, u_block = wt[b0:b1], u[b0:b1, b0:b1]  # views: updates land in wt
+        errors = torch.zeros_like(block)
+        _, d = fit_block_scales(block.T, layout.codes, 1.0 / u_block.diagonal().square())
+        safe, live = torch.where(d != 0, d, 1.0), d != 0
+        for j in range(size):
+            t = torch.where(live, nearest_codes(block[j] / safe, layout.codes), 0.0)
+            errors[j] = (block[j] - t * d) / u_block[j, j]
+            codes[b0 + j] = t
+            if j + 1 < size:
+                block[j + 1 :].addr_(u_block[j, j + 1 :], errors[j], alpha=-1.0)
+        scales[b0 // size] = d
+        if b1 < cols:
+            wt[b1:].addmm_(u[b0:b1, b1:].T, errors, alpha=-1.0)
+    return codes.T.contiguous(), scales.T.contiguous()
 
 
 def gptq_fit(
@@ -239,21 +283,7 @@ def gptq_fit(
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
     u = _inverse_factor(h, damp).to(torch.float32)
-    codes = torch.zeros((rows, cols), dtype=torch.float32, device=device)
-    scales = torch.zeros((rows, cols // size), dtype=torch.float32, device=device)
-    for b0 in range(0, cols, size):
-        b1 = b0 + size
-        block, u_block = w[:, b0:b1].clone(), u[b0:b1, b0:b1]
-        errors = torch.zeros_like(block)
-        _, d = fit_block_scales(block, layout.codes, 1.0 / u_block.diagonal().square())
-        safe = torch.where(d != 0, d, 1.0)
-        for j in range(size):
-            t = torch.where(d != 0, nearest_codes(block[:, j] / safe, layout.codes), 0.0)
-            error = (block[:, j] - t * d) / u_block[j, j]
-            block[:, j:] -= error[:, None] * u_block[j, j:][None, :]
-            codes[:, b0 + j], errors[:, j] = t, error
-        scales[:, b0 // size] = d
-        w[:, b1:] -= errors @ u[b0:b1, b1:]
+    codes, scales = _sweep(w.T.contiguous(), u, layout)
     target = weight.to(device, torch.float32)
     errs = _row_errors(target, dequantize(codes, scales, size), h0)
     if refit:

@@ -1,0 +1,146 @@
+"""Both collectors give the same statistics: llama.cpp's eval callback and the block-streaming torch forward.
+
+A tiny demo checkpoint of each architecture is packaged as an all-F32 GGUF and llama.cpp runs it
+with an F32 KV cache, so both sides compute in float32 and agree to float rounding. The torch
+forward is also checked against the independent HF-layout forward of `tests/support`, and its
+weight reader against the packager's `iter_tensors`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from conftest import card_for_checkpoint, package_inputs
+from support.reference_forward import reference_logits
+
+from pipeline.calibration.gram import GramFile
+from pipeline.calibration.reference import ReferenceBuilder
+from pipeline.calibration.sequences import TokenSequences, tokenize_texts
+from pipeline.calibration.stats import ActivationStats
+from pipeline.calibration.text import builtin_text
+from pipeline.calibration.torch_collect import collect_with_torch
+from pipeline.calibration.torch_model import CheckpointTensors, block_forward, head_logits, model_spec
+from pipeline.demo import write_demo_checkpoint
+from pipeline.gguf_pack.source import iter_tensors
+
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "bitnet")
+_TEXT_CHARS = 1500
+_RTOL = 2e-6  # float32 on both sides, summed in different orders
+
+
+def _files(checkpoint: Path, card: dict[str, Any]) -> dict[str, Path]:
+    return {shard: checkpoint / shard for shard in card["shards"]}
+
+
+def _f32_gguf(checkpoint: Path, card: dict[str, Any], tmp: Path) -> Path:
+    from pipeline.stages import package
+    from pipeline.stages.base import JobSpec
+
+    inputs = package_inputs(checkpoint, card, tmp, ternary="F32")
+    (tmp / "work").mkdir()
+    return package.run(package.make_params(JobSpec(source="demo")), inputs, tmp / "work").outputs[0].path
+
+
+@pytest.mark.parametrize("architecture", ["llama", "bitnet"])
+def test_checkpoint_reader_equals_the_packagers_stream(architecture: str, tmp_path: Path) -> None:
+    checkpoint = write_demo_checkpoint(tmp_path / "ck", architecture=architecture)
+    card = card_for_checkpoint(checkpoint)
+    with CheckpointTensors(card, _files(checkpoint, card)) as ckpt:
+        for shard in card["shards"]:
+            for name, tensor in iter_tensors(card, _files(checkpoint, card), shard):
+                torch.testing.assert_close(ckpt.get(name), tensor, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_torch_forward_equals_the_hf_layout_reference(architecture: str, tmp_path: Path) -> None:
+    checkpoint = write_demo_checkpoint(tmp_path / "ck", architecture=architecture)
+    card = card_for_checkpoint(checkpoint)
+    ids = [3, 17, 250, 9, 400, 77, 5, 123]
+    spec = model_spec(card)
+    with torch.inference_mode(), CheckpointTensors(card, _files(checkpoint, card)) as ckpt:
+        x = ckpt.get("token_embd.weight")[torch.tensor(ids)]
+        for index in range(spec.n_layers):
+            x = block_forward(spec, ckpt.block(index), x)
+        head = ckpt.get("output.weight" if ckpt.has("output.weight") else "token_embd.weight")
+        logits = head_logits(spec, ckpt.get("output_norm.weight"), head, x).numpy()
+    np.testing.assert_allclose(logits, reference_logits(checkpoint, ids), rtol=1e-4, atol=1e-5)
+
+
+def _relative_gap(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / a.abs().max().clamp_min(1e-30))
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_both_collectors_give_the_same_statistics(architecture: str, tmp_path: Path) -> None:
+    from pipeline.calibration.llama_collect import collect_with_llama_cpp
+
+    checkpoint = write_demo_checkpoint(tmp_path / "ck", architecture=architecture)
+    card = card_for_checkpoint(checkpoint)
+    gguf_path = _f32_gguf(checkpoint, card, tmp_path)
+    seqs = tokenize_texts(gguf_path, {"calibration": builtin_text()[:_TEXT_CHARS]}, n_ctx=96)
+    assert len(seqs.ids) >= 3 and all(len(s) <= 96 for s in seqs.ids)
+    with_gram = architecture == "llama"  # Gram files once; the sums for every architecture
+    sides = []
+    for engine in ("llama.cpp", "torch"):
+        stats = ActivationStats(gram_for=lambda name: with_gram)
+        builder = ReferenceBuilder(seqs, top_k=16)
+        gram_dir = tmp_path / f"gram-{engine}"
+        if engine == "llama.cpp":
+            report = collect_with_llama_cpp(
+                gguf_path, seqs, stats, reference=builder, gram_dir=gram_dir, is_f32_cache=True
+            )
+        else:
+            report = collect_with_torch(
+                card, _files(checkpoint, card), seqs, stats, reference=builder, gram_dir=gram_dir
+            )
+        assert report.n_tokens == seqs.n_tokens and report.n_weights == 14  # 7 linears x 2 blocks
+        sides.append((stats, builder.build(), gram_dir))
+    (ours, ref_a, dir_a), (theirs, ref_b, dir_b) = sides
+    assert ours.names() and sorted(ours.names()) == sorted(theirs.names())
+    for name in ours.names():
+        assert ours[name].counts.tolist() == theirs[name].counts.tolist() == [seqs.n_tokens]
+        assert _relative_gap(ours[name].sum_sq, theirs[name].sum_sq) < _RTOL, name
+    if with_gram:
+        files = sorted(p.name for p in dir_a.iterdir())
+        assert files == ["blk.0.safetensors", "blk.1.safetensors"] == sorted(p.name for p in dir_b.iterdir())
+        for file_name in files:
+            a, b = GramFile(dir_a / file_name), GramFile(dir_b / file_name)
+            for name in a.names():
+                assert _relative_gap(a.read(name)[0], b.read(name)[0]) < _RTOL, name
+    # The reference answers agree too: same most likely tokens, log-probs to float32 rounding.
+    assert (ref_a.topk_ids[:, 0] == ref_b.topk_ids[:, 0]).mean() > 0.99
+    np.testing.assert_allclose(ref_a.entropy, ref_b.entropy, atol=1e-4)
+    np.testing.assert_allclose(ref_a.target_logprob, ref_b.target_logprob, atol=1e-4)
+
+
+def test_torch_collector_refuses_ids_outside_the_vocabulary(tmp_path: Path) -> None:
+    from pipeline.errors import InputError
+
+    checkpoint = write_demo_checkpoint(tmp_path / "ck")
+    card = card_for_checkpoint(checkpoint)
+    seqs = TokenSequences(("x",), ((1, 2, 10_000),))
+    with pytest.raises(InputError, match="token id 10000 is outside the checkpoint's 512-token embedding"):
+        collect_with_torch(card, _files(checkpoint, card), seqs, ActivationStats())
+
+
+@pytest.mark.llama
+def test_a_run_for_some_weights_stops_early_and_gets_the_same_sums(tmp_path: Path) -> None:
+    from pipeline.calibration.llama_collect import collect_with_llama_cpp
+
+    checkpoint = write_demo_checkpoint(tmp_path / "ck")
+    card = card_for_checkpoint(checkpoint)
+    gguf_path = _f32_gguf(checkpoint, card, tmp_path)
+    seqs = tokenize_texts(gguf_path, {"calibration": builtin_text()[:800]}, n_ctx=96)
+    full, some = ActivationStats(), ActivationStats()
+    collect_with_llama_cpp(gguf_path, seqs, full)
+    wanted = ["blk.0.attn_output.weight", "blk.1.attn_q.weight"]
+    collect_with_llama_cpp(gguf_path, seqs, some, weights=wanted)
+    assert sorted(some.names()) == sorted(wanted)
+    for name in wanted:
+        torch.testing.assert_close(some[name].sum_sq, full[name].sum_sq, rtol=0, atol=0)
+        assert some[name].counts.tolist() == full[name].counts.tolist()
