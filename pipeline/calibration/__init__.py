@@ -14,8 +14,9 @@ Pure stage logic (files, tensors and numbers; no database, broker or environment
   callback, for every architecture llama.cpp runs, GGUF sources included;
 - `torch_model` / `torch_collect`: the same statistics from a plain-torch forward of the HF
   architectures we package, one transformer block at a time (memory flat in model size);
-- `reference`: the source's top-k next-token log-probs on given texts, computed once, and the
-  scoring of a candidate model's logits against them (top-1 agreement, KL estimate).
+- `reference`: the source's next-token answers on given texts (top-k log-probs, tail mass,
+  draws from the tail), computed once and stored; `agreement`: a candidate's logits scored
+  against them (top-1 agreement and log-perplexities exactly, KL without bias).
 """
 
 from __future__ import annotations
