@@ -104,7 +104,7 @@ def nearest_codes(values: torch.Tensor, codes: CodeSet) -> torch.Tensor:
     """The nearest code to each of ``values`` (ties to the lower code), in ``values``' dtype."""
     lo, hi = codes.values[0], codes.values[-1]
     if codes.values == tuple(range(lo, hi + 1)):  # consecutive integers: round, ties down, clamp
-        return torch.clamp(torch.ceil(values - 0.5), lo, hi)
+        return torch.ceil(values - 0.5).clamp_(lo, hi)
     table = torch.tensor(codes.values, dtype=values.dtype, device=values.device)
     mids = (table[1:] + table[:-1]) / 2
     return table[torch.bucketize(values.contiguous(), mids, right=False)]
@@ -131,30 +131,47 @@ def _fit_enumerated(
     chunk = max(1, _ENUM_ELEMENTS // (size * size * len(codes.values)))
     for sign in (1.0, -1.0):
         for r0 in range(0, n, chunk):
-            u, w8 = sign * blocks[r0 : r0 + chunk].to(torch.float64), a64[r0 : r0 + chunk]
-            points = (u[:, :, None] / torch.where(mids != 0, mids, float("nan"))).reshape(u.shape[0], -1)
-            points = torch.sort(torch.where(points > 0, points, float("inf")), dim=1).values
-            finite = torch.isfinite(points)
-            top = torch.where(finite, points, 0.0).amax(dim=1, keepdim=True)
-            upper = torch.where(finite, points, 2 * top + 1.0)  # beyond every breakpoint
-            between = (upper[:, :-1] + upper[:, 1:]) / 2
-            candidates = torch.cat([points[:, :1] / 2, between, 2 * top + 1.0], dim=1)
-            candidates = torch.where(torch.isfinite(candidates) & (candidates > 0), candidates, top + 1.0)
-            ratio = u[:, None, :] / candidates[:, :, None]  # [n, C, B]
-            t = nearest_codes(ratio, codes)
-            num, den = (w8[:, None, :] * u[:, None, :] * t).sum(-1), (w8[:, None, :] * t * t).sum(-1)
-            energy = (w8 * u * u).sum(-1, keepdim=True)
-            err = torch.where(den > 0, energy - num * num / den.clamp_min(1e-300), energy)
-            pick = err.argmin(dim=1, keepdim=True)
-            err_best = err.gather(1, pick).squeeze(1)
-            d_best = sign * torch.where(den > 0, num / den.clamp_min(1e-300), 0.0).gather(1, pick).squeeze(1)
-            better = err_best < best_err[r0 : r0 + chunk]
-            best_err[r0 : r0 + chunk] = torch.where(better, err_best, best_err[r0 : r0 + chunk])
-            best_d[r0 : r0 + chunk] = torch.where(better, d_best, best_d[r0 : r0 + chunk])
+            rows = slice(r0, r0 + chunk)
+            err, d = _best_pattern(sign * blocks[rows].to(torch.float64), a64[rows], codes, mids)
+            better = err < best_err[rows]
+            best_err[rows] = torch.where(better, err, best_err[rows])
+            best_d[rows] = torch.where(better, sign * d, best_d[rows])
     d = to_fp16_scale(best_d.to(torch.float32))
     # Nearest codes for the rounded scale: never worse than the optimum's codes at that scale.
     t = nearest_codes(blocks / torch.where(d != 0, d, 1.0)[:, None], codes)
     return torch.where(d[:, None] != 0, t, torch.zeros_like(t)), d
+
+
+def _candidate_scales(u: torch.Tensor, mids: torch.Tensor) -> torch.Tensor:
+    """One scale strictly inside each interval between consecutive breakpoints ``u_j / m`` > 0 of
+    each row of ``u`` [n, B], plus one below and one above them all: [n, B * len(mids) + 1]."""
+    points = (u[:, :, None] / torch.where(mids != 0, mids, float("nan"))).reshape(u.shape[0], -1)
+    points = torch.sort(torch.where(points > 0, points, float("inf")), dim=1).values
+    finite = torch.isfinite(points)
+    top = torch.where(finite, points, 0.0).amax(dim=1, keepdim=True)
+    upper = torch.where(finite, points, 2 * top + 1.0)  # beyond every breakpoint
+    between = (upper[:, :-1] + upper[:, 1:]) / 2
+    candidates = torch.cat([points[:, :1] / 2, between, 2 * top + 1.0], dim=1)
+    return torch.where(torch.isfinite(candidates) & (candidates > 0), candidates, top + 1.0)
+
+
+def _best_pattern(
+    u: torch.Tensor, a: torch.Tensor, codes: CodeSet, mids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(least weighted error, its least-squares scale) per row of ``u`` [n, B] over the code patterns
+    of every candidate scale (float64; the pattern sums are batched products)."""
+    candidates = _candidate_scales(u, mids)
+    t = nearest_codes(u[:, None, :] / candidates[:, :, None], codes)  # [n, C, B]
+    au = (a * u).unsqueeze(2)
+    num = torch.bmm(t, au).squeeze(2)
+    den = torch.bmm(t.square_(), a.unsqueeze(2)).squeeze(2)
+    energy = (au.squeeze(2) * u).sum(dim=1, keepdim=True)
+    positive = den > 0
+    safe = den.clamp_min(1e-300)
+    err = torch.where(positive, energy - num * num / safe, energy)
+    pick = err.argmin(dim=1, keepdim=True)
+    scale = torch.where(positive, num / safe, 0.0).gather(1, pick).squeeze(1)
+    return err.gather(1, pick).squeeze(1), scale
 
 
 def fit_block_scales(
