@@ -31,7 +31,7 @@ import gguf
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.errors import IntegrityError
+from pipeline.errors import InputError, IntegrityError
 
 if TYPE_CHECKING:
     from pipeline.calibration.stats import ActivationStats
@@ -98,9 +98,13 @@ def _constant(values: Sums) -> Any:
 
 def write_imatrix(dest: Path, matrix: Imatrix) -> Path:
     """Write ``matrix`` as an imatrix GGUF at ``dest`` (must not exist); tensors in sorted name order
-    like llama-imatrix. Raises IntegrityError for an entry whose shapes do not pair or that holds NaN/inf."""
+    like llama-imatrix. Raises IntegrityError for an entry whose shapes do not pair or that holds
+    NaN/inf, InputError when ``matrix.datasets`` is empty."""
     from pipeline.gguf_pack.write import TensorToWrite, Typed, write_gguf
 
+    if not matrix.datasets:
+        # llama-quantize refuses an imatrix without the key, and gguf-py cannot write an empty array.
+        raise InputError(f"{Path(dest).name}: an imatrix needs at least one dataset name (imatrix.datasets)")
     tensors = []
     for name in sorted(matrix.entries):
         sums, counts = matrix.entries[name]

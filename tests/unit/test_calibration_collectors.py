@@ -144,3 +144,104 @@ def test_a_run_for_some_weights_stops_early_and_gets_the_same_sums(tmp_path: Pat
     for name in wanted:
         torch.testing.assert_close(some[name].sum_sq, full[name].sum_sq, rtol=0, atol=0)
         assert some[name].counts.tolist() == full[name].counts.tolist()
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize("architecture", ["llama", "mistral"])  # byte-level BPE and SentencePiece
+def test_an_hf_source_tokenizes_through_its_vocab_only_gguf(architecture: str, tmp_path: Path) -> None:
+    """Before any GGUF of an HF source exists, a vocabulary-only one gives the packaged file's ids."""
+    from pipeline.calibration.sequences import write_vocab_gguf
+
+    checkpoint = write_demo_checkpoint(tmp_path / "ck", architecture=architecture)
+    card = card_for_checkpoint(checkpoint)
+    files = {p.name: p for p in checkpoint.iterdir()}
+    vocab_only = write_vocab_gguf(card, files, tmp_path / "vocab.gguf")
+    texts = {"calibration": builtin_text()[:1200], "other": "Zwei Sätze. 二つ目。"}
+    packaged = _f32_gguf(checkpoint, card, tmp_path)
+    assert tokenize_texts(vocab_only, texts, n_ctx=64) == tokenize_texts(packaged, texts, n_ctx=64)
+
+
+def test_calibration_imports_no_orchestration() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, importlib\n"
+        "for m in ('text', 'sequences', 'stats', 'gram', 'imatrix', 'llama_collect', 'torch_collect',"
+        " 'reference', 'agreement'):\n"
+        "    importlib.import_module('pipeline.calibration.' + m)\n"
+        "import pipeline.ternary.gptq\n"
+        "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('celery', 'sqlalchemy', 'kombu', 'redis'))))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == ""
+
+
+def _moe_gguf(dense: Path, dest: Path, n_expert: int = 4, n_used: int = 2) -> Path:
+    """The dense F32 demo turned into a mixture of experts (llama.cpp's llama graph with experts):
+    each block's feed-forward replaced by a router and ``n_expert`` random experts."""
+    import gguf
+
+    from pipeline.gguf_pack.reader import GGUFFile
+    from pipeline.gguf_pack.write import TensorToWrite, Typed, write_gguf
+
+    source = GGUFFile(dense)
+    meta = {k: f.typed() for k, f in source.fields.items() if not k.startswith("GGUF.") and len(f.data)}
+    arch = str(meta.pop("general.architecture").value, "utf-8")
+    meta["llama.expert_count"] = Typed(n_expert, gguf.GGUFValueType.UINT32)
+    meta["llama.expert_used_count"] = Typed(n_used, gguf.GGUFValueType.UINT32)
+    gen = torch.Generator().manual_seed(3)
+    f32 = gguf.GGMLQuantizationType.F32
+    tensors = []
+    for tensor in source.tensors:
+        kind = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
+        shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+        if kind not in ("ffn_gate", "ffn_up", "ffn_down"):
+            tensors.append(
+                TensorToWrite(tensor.name, tensor.tensor_type, shape, lambda t=tensor: np.asarray(t.data))
+            )
+            continue
+        prefix = tensor.name.rsplit(".", 2)[0]
+        stacked = (torch.randn((n_expert, *shape), generator=gen) * 0.06).numpy()
+        tensors.append(TensorToWrite(f"{prefix}.{kind}_exps.weight", f32, stacked.shape, lambda a=stacked: a))
+        if kind == "ffn_gate":
+            router = (torch.randn((n_expert, shape[1]), generator=gen) * 0.5).numpy()
+            tensors.append(
+                TensorToWrite(f"{prefix}.ffn_gate_inp.weight", f32, router.shape, lambda a=router: a)
+            )
+    return write_gguf(dest, arch, meta, tensors).path
+
+
+@pytest.mark.llama
+def test_expert_products_are_counted_per_routed_expert(tmp_path: Path) -> None:
+    """MUL_MAT_ID: every token reaches ``n_used`` experts, and the experts' sums add up to ``n_used``
+    times the router's (a plain product on the same input)."""
+    from pipeline.calibration.imatrix import Imatrix, read_imatrix, write_imatrix
+    from pipeline.calibration.llama_collect import collect_with_llama_cpp
+
+    checkpoint = write_demo_checkpoint(tmp_path / "ck")
+    card = card_for_checkpoint(checkpoint)
+    moe = _moe_gguf(_f32_gguf(checkpoint, card, tmp_path), tmp_path / "moe.gguf")
+    seqs = tokenize_texts(moe, {"calibration": builtin_text()[:800]}, n_ctx=96)
+    stats = ActivationStats()
+    collect_with_llama_cpp(moe, seqs, stats)
+    n = seqs.n_tokens
+    for block in (0, 1):
+        router = stats[f"blk.{block}.ffn_gate_inp.weight"]
+        assert router.counts.tolist() == [n]
+        for kind in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+            entry = stats[f"blk.{block}.{kind}.weight"]
+            assert entry.sum_sq.shape[0] == 4 and int(entry.counts.sum()) == 2 * n, kind
+            assert int((entry.counts > 0).sum()) >= 2  # the router spreads tokens over experts
+        for kind in ("ffn_gate_exps", "ffn_up_exps"):
+            summed = stats[f"blk.{block}.{kind}.weight"].sum_sq.sum(dim=0)
+            torch.testing.assert_close(summed, 2 * router.sum_sq[0], rtol=1e-5, atol=1e-6)
+    back = read_imatrix(
+        write_imatrix(tmp_path / "moe.imatrix.gguf", Imatrix.from_stats(stats, ("moe",), 96, 1))
+    )
+    sums, counts = back.entries["blk.0.ffn_down_exps.weight"]
+    assert sums.shape == (4, 512) and counts.tolist() == stats["blk.0.ffn_down_exps.weight"].counts.tolist()

@@ -82,7 +82,7 @@ def test_llama_quantizer_takes_our_imatrix(f32_model: Path, tmp_path: Path) -> N
         assert np.all(np.isfinite(session.logits(seqs.ids[0][:16])))
 
     # Another importance (columns reversed) changes what the quantizer writes: it used ours.
-    flipped = Imatrix({n: (s[:, ::-1].copy(), c) for n, (s, c) in matrix.entries.items()}, (), 1, 128)
+    flipped = Imatrix({n: (s[:, ::-1].copy(), c) for n, (s, c) in matrix.entries.items()}, ("x",), 1, 128)
     assert _quantize(f32_model, tmp_path / "flipped.gguf", flipped) == 0
     name = "blk.0.ffn_down.weight"
     assert _tensor_bytes(tmp_path / "ours.gguf", name) != _tensor_bytes(tmp_path / "flipped.gguf", name)

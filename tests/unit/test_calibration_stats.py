@@ -136,7 +136,9 @@ def test_imatrix_refuses_broken_files(tmp_path: Path) -> None:
         read_imatrix(path)
     bad = Imatrix({"w": (np.full((1, 2), np.nan, dtype=np.float32), np.ones(1, dtype=np.float32))}, (), 0, 0)
     with pytest.raises(IntegrityError, match="non-finite"):
-        write_imatrix(tmp_path / "nan.gguf", bad)
+        write_imatrix(tmp_path / "nan.gguf", Imatrix(bad.entries, ("x",), 0, 0))
+    with pytest.raises(InputError, match="at least one dataset name"):
+        write_imatrix(tmp_path / "unnamed.gguf", bad)
 
 
 def test_split_tokens_starts_every_sequence_with_bos() -> None:
