@@ -83,6 +83,7 @@ class _Callback:
         # With ``stop_when_done``, the weights still to be seen in the current decode: once none is
         # left the callback stops the graph (the rest would be computed for nothing).
         self.pending: set[str] | None = None
+        self.is_active = True  # False while a sequence runs only for its logits
         self.notes: set[str] = set()
         self.function = lib.ggml_backend_sched_eval_callback(self._on_node)
 
@@ -105,6 +106,8 @@ class _Callback:
         return name
 
     def _handle(self, node: GGMLTensor, ask: bool) -> bool:
+        if not self.is_active:
+            return not ask  # asks nothing, so the graph runs unsplit
         name = self._wanted(node)
         if ask:
             return name is not None
@@ -173,8 +176,12 @@ def collect_with_llama_cpp(
     n_gpu_layers: int = 0,
     is_f32_cache: bool = False,
     on_sequence: Callable[[int, int], None] | None = None,
+    stats_for: Collection[int] | None = None,
 ) -> CollectReport:
     """Run every sequence through llama.cpp, adding each block weight's inputs to ``stats``.
+
+    ``stats_for``: indices of the sequences whose inputs count (all when None); the others run for
+    the ``reference`` only (an agreement text must reach the reference, never the statistics).
 
     ``weights``: only these weight names (all block weights when None); without a ``reference``
     each decode then stops as soon as they are all seen (a run for block 3 of 18 computes 4).
@@ -206,6 +213,9 @@ def collect_with_llama_cpp(
         # Only some weights and no logits wanted: stop each decode once they are all seen.
         stop_early = reference is None and weights is not None
         for index, ids in enumerate(sequences.ids):
+            callback.is_active = stats_for is None or index in stats_for
+            if not callback.is_active and reference is None:
+                continue
             callback.pending = set(weights) if stop_early and weights is not None else None
             try:
                 logits = session.logits(ids, all_positions)

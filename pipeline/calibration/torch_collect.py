@@ -21,7 +21,7 @@ Example::
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,14 +54,16 @@ def collect_with_torch(
     reference: ReferenceBuilder | None = None,
     gram_dir: Path | None = None,
     on_block: Callable[[int, int], None] | None = None,
+    stats_for: Collection[int] | None = None,
 ) -> CollectReport:
     """Run ``sequences`` through the checkpoint block by block, adding each weight's inputs to ``stats``.
 
     ``files`` maps shard names to paths. ``gram_dir``: each block's Gram matrices (those
     ``stats.gram_for`` asks for) are written there as the block finishes. ``reference``: gets
-    each sequence's logits. ``on_block(done, total)`` reports progress. Raises InputError for an
-    architecture or rope scaling the torch forward does not compute, or token ids outside the
-    vocabulary; IntegrityError from the shards as decompose would.
+    each sequence's logits. ``stats_for``: indices of the sequences whose inputs count (all when
+    None); the others run for the reference only. ``on_block(done, total)`` reports progress.
+    Raises InputError for an architecture or rope scaling the torch forward does not compute, or
+    token ids outside the vocabulary; IntegrityError from the shards as decompose would.
     """
     if not sequences.ids:
         raise InputError("no sequences to calibrate on")
@@ -81,7 +83,10 @@ def collect_with_torch(
             weights = ckpt.block(index)
             prefix = f"blk.{index}."
             for s, x in enumerate(hidden):
-                hidden[s] = block_forward(spec, weights, x, prefix=prefix, on_input=stats.add)
+                counted = stats_for is None or s in stats_for
+                hidden[s] = block_forward(
+                    spec, weights, x, prefix=prefix, on_input=stats.add if counted else None
+                )
             if gram_dir is not None:
                 paths += write_grams(stats, gram_dir, [prefix + name for name in weights])
             del weights

@@ -245,3 +245,28 @@ def test_expert_products_are_counted_per_routed_expert(tmp_path: Path) -> None:
     )
     sums, counts = back.entries["blk.0.ffn_down_exps.weight"]
     assert sums.shape == (4, 512) and counts.tolist() == stats["blk.0.ffn_down_exps.weight"].counts.tolist()
+
+
+@pytest.mark.llama
+def test_sequences_outside_stats_for_reach_the_reference_only(tmp_path: Path) -> None:
+    """An agreement text must be in the reference and never in the statistics, on both engines."""
+    from pipeline.calibration.llama_collect import collect_with_llama_cpp
+
+    checkpoint = write_demo_checkpoint(tmp_path / "ck")
+    card = card_for_checkpoint(checkpoint)
+    gguf_path = _f32_gguf(checkpoint, card, tmp_path)
+    texts = {"calibration": builtin_text()[:600], "agreement": "A short text to agree on."}
+    seqs = tokenize_texts(gguf_path, texts, n_ctx=96)
+    counted = seqs.select(["calibration"])
+    n_counted = sum(len(seqs.ids[i]) for i in counted)
+    assert 0 < n_counted < seqs.n_tokens
+    for engine in ("llama.cpp", "torch"):
+        stats, builder = ActivationStats(), ReferenceBuilder(seqs, top_k=8)
+        if engine == "llama.cpp":
+            collect_with_llama_cpp(gguf_path, seqs, stats, reference=builder, stats_for=counted)
+        else:
+            collect_with_torch(
+                card, _files(checkpoint, card), seqs, stats, reference=builder, stats_for=counted
+            )
+        assert set(stats.token_counts().values()) == {n_counted}, engine
+        assert builder.build().topk_ids.shape[0] == seqs.n_predicted
