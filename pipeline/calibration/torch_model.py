@@ -1,0 +1,246 @@
+"""A plain-torch forward of the HF architectures Bonsai packages, in llama.cpp's tensor layout.
+
+Weights come from the checkpoint by GGUF name (`CheckpointTensors`), already as the packager
+writes them: q/k rows permuted for GGML's adjacent-pair rope where the architecture needs it,
+BitNet's latent weights rounded to the ternary values the model computes with. So the forward
+is llama.cpp's graph for these architectures (llm_build_llama, qwen2, qwen3, bitnet): RMS
+norms, rope (adjacent pairs for llama/mistral, NEOX half-split for qwen2/qwen3/bitnet; Llama
+3.1 frequency factors and linear scaling), grouped-query causal attention, optional q/k/v
+biases, Qwen3's per-head q/k norms, BitNet's sub-norms, a SiLU-gated feed-forward. Each
+linear weight's input is handed to ``on_input`` as it is computed: what calibration records.
+
+`block_forward` runs one transformer block over one sequence; a caller that loops blocks on
+the outside and sequences on the inside holds one block's weights at a time.
+
+Example::
+
+    spec = model_spec(card)
+    with CheckpointTensors(card, files, device) as ckpt:
+        x = ckpt.get("token_embd.weight")[torch.tensor(ids)]
+        for i in range(spec.n_layers):
+            x = block_forward(spec, ckpt.block(i), x, prefix=f"blk.{i}.")
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from pipeline.core.errors import InputError
+from pipeline.formats.model_card import ModelCard
+
+__all__ = ["ModelSpec", "model_spec", "CheckpointTensors", "block_forward", "rms_norm", "head_logits"]
+
+# GGUF architectures whose llama.cpp graph uses NEOX (half-split) rope on unpermuted rows.
+_NEOX = frozenset({"qwen2", "qwen3", "bitnet"})
+_ROPE_KINDS = frozenset({"default", "linear", "llama3"})
+OnInput = Callable[[Sequence[str], torch.Tensor], None]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The hyperparameters the forward needs, from config.json; ``freq_factors`` divide rope frequencies."""
+
+    arch: str
+    n_layers: int
+    hidden: int
+    n_head: int
+    n_kv: int
+    head_dim: int
+    eps: float
+    rope_theta: float
+    is_neox: bool
+    freq_scale: float = 1.0
+    freq_factors: tuple[float, ...] | None = None
+
+
+def model_spec(card: ModelCard) -> ModelSpec:
+    """The forward's hyperparameters for the card's architecture.
+
+    Raises InputError for an architecture Bonsai does not package, a rope scaling it does not
+    compute (yarn, longrope, dynamic), or missing/invalid config keys.
+    """
+    from pipeline.formats.gguf.writer import llama3_rope_factors
+    from pipeline.formats.hf.checkpoint import arch_spec
+
+    spec = arch_spec(card)
+    config = dict(card.config)
+    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    kind = str(scaling.get("rope_type") or scaling.get("type") or "default")
+    if kind not in _ROPE_KINDS:
+        raise InputError(
+            f"config.json rope scaling {kind!r}: the torch forward computes {sorted(_ROPE_KINDS)} only"
+        )
+    try:
+        n_head = int(config["num_attention_heads"])
+        theta = float(config.get("rope_theta") or scaling.get("rope_theta") or 10000.0)
+        factors = llama3_rope_factors(config)
+        hidden, n_layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"config.json lacks a usable hyperparameter for the torch forward: {exc!r}") from exc
+    return ModelSpec(
+        arch=spec.gguf_name,
+        n_layers=n_layers,
+        hidden=hidden,
+        n_head=n_head,
+        n_kv=int(config.get("num_key_value_heads") or n_head),
+        head_dim=int(config.get("head_dim") or hidden // n_head),
+        eps=float(config.get("rms_norm_eps", 1e-5)),
+        rope_theta=theta,
+        is_neox=spec.gguf_name in _NEOX,
+        freq_scale=1.0 / float(scaling.get("factor", 1.0)) if kind == "linear" else 1.0,
+        freq_factors=None if factors is None else tuple(float(f) for f in factors),
+    )
+
+
+class CheckpointTensors:
+    """Random access to an HF checkpoint's planned tensors by GGUF name, in the packager's layout.
+
+    Applies the same per-tensor rules as `gguf_pack.source.iter_tensors` (rope row permutation,
+    BitNet weight rounding), reading one tensor at a time; a test checks both agree. Each
+    returned tensor is float32, on ``device``, in memory of its own. Use as a context manager.
+    """
+
+    def __init__(
+        self, card: ModelCard, files: Mapping[str, Path], device: str | torch.device = "cpu"
+    ) -> None:
+        from pipeline.formats.hf.checkpoint import arch_spec, tensor_plan
+
+        self.card, self.files, self.device = card, files, torch.device(device)
+        self.spec = arch_spec(card)
+        self.plan = {p.gguf_name: p for p in tensor_plan(card)}
+        self._readers: dict[str, Any] = {}
+
+    def __enter__(self) -> CheckpointTensors:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for reader in self._readers.values():
+            reader.__exit__(None, None, None)
+        self._readers.clear()
+
+    def has(self, name: str) -> bool:
+        """Whether the checkpoint plan has GGUF tensor ``name``."""
+        return name in self.plan
+
+    def _reader(self, shard: str) -> Any:
+        from pipeline.formats.rawio import SafetensorsReader
+
+        if shard not in self._readers:
+            path = self.files.get(shard)
+            if path is None or not Path(path).is_file():
+                raise InputError(f"shard {shard!r} is not among the input files ({sorted(self.files)})")
+            self._readers[shard] = SafetensorsReader(Path(path)).__enter__()
+        return self._readers[shard]
+
+    def get(self, name: str) -> torch.Tensor:
+        """GGUF tensor ``name`` (KeyError when the plan lacks it)."""
+        from pipeline.formats.hf.architectures import ROPE_PERMUTED, TERNARY_LATENT_KINDS
+        from pipeline.formats.hf.checkpoint import bitnet_weight_quant, rope_permute
+
+        item = self.plan[name]
+        config = self.card.config
+        rows = None
+        for suffix, head_key in ROPE_PERMUTED.items():
+            if self.spec.has_rope_permute and item.hf_name.endswith(suffix):
+                n_head = int(config.get(head_key) or config["num_attention_heads"])
+                rows = rope_permute(torch.arange(item.shape[0]), n_head)
+        tensor = self._reader(item.shard).tensor(item.hf_name, row_order=rows)
+        kind = name.split(".")[2] if name.startswith("blk.") else ""
+        if self.spec.ternary_latent and kind in TERNARY_LATENT_KINDS and name.endswith(".weight"):
+            tensor = bitnet_weight_quant(tensor)
+        out: torch.Tensor = tensor.to(self.device, torch.float32, copy=True)
+        return out
+
+    def block(self, index: int) -> dict[str, torch.Tensor]:
+        """Every tensor of block ``index``, keyed without the ``blk.<index>.`` prefix."""
+        prefix = f"blk.{index}."
+        return {n[len(prefix) :]: self.get(n) for n in self.plan if n.startswith(prefix)}
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / rms(x) * weight`` over the last dimension."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _rope(x: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
+    """Rotate ``x`` [n, heads, head_dim] by position, as llama.cpp's rope for this architecture."""
+    n, d = x.shape[0], spec.head_dim
+    exponent = torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d
+    freqs = spec.rope_theta**-exponent
+    if spec.freq_factors is not None:
+        freqs = freqs / torch.tensor(spec.freq_factors, dtype=torch.float64, device=x.device)
+    angles = torch.outer(torch.arange(n, dtype=torch.float64, device=x.device) * spec.freq_scale, freqs)
+    cos, sin = angles.cos().float()[:, None, :], angles.sin().float()[:, None, :]
+    if spec.is_neox:
+        a, b = x[..., : d // 2], x[..., d // 2 :]
+        return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+
+
+def _linear(w: Mapping[str, torch.Tensor], kind: str, x: torch.Tensor) -> torch.Tensor:
+    out = x @ w[f"{kind}.weight"].T
+    bias = w.get(f"{kind}.bias")
+    return out + bias if bias is not None else out
+
+
+def _attention(spec: ModelSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal grouped-query attention: q [n, H, d], k/v [n, KV, d] -> [n, H * d]."""
+    n = q.shape[0]
+    group = spec.n_head // spec.n_kv
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(spec.head_dim)
+    mask = torch.full((n, n), float("-inf"), device=q.device).triu(1)
+    att = torch.softmax(scores + mask, dim=-1)
+    return torch.einsum("hqk,khd->qhd", att, v).reshape(n, -1)
+
+
+def block_forward(
+    spec: ModelSpec,
+    w: Mapping[str, torch.Tensor],
+    x: torch.Tensor,
+    *,
+    prefix: str = "",
+    on_input: OnInput | None = None,
+) -> torch.Tensor:
+    """One transformer block over one sequence: ``x`` [n_tokens, hidden] -> the block's output.
+
+    ``w``: the block's tensors without their ``blk.<i>.`` prefix (`CheckpointTensors.block`).
+    ``on_input(names, rows)`` receives each linear weight's input rows (``prefix`` + name).
+    """
+    seen: OnInput = on_input or (lambda names, rows: None)
+    n = x.shape[0]
+    h = rms_norm(x, w["attn_norm.weight"], spec.eps)
+    seen([prefix + k for k in ("attn_q.weight", "attn_k.weight", "attn_v.weight")], h)
+    q = _linear(w, "attn_q", h).view(n, spec.n_head, spec.head_dim)
+    k = _linear(w, "attn_k", h).view(n, spec.n_kv, spec.head_dim)
+    v = _linear(w, "attn_v", h).view(n, spec.n_kv, spec.head_dim)
+    if "attn_q_norm.weight" in w:
+        q = rms_norm(q, w["attn_q_norm.weight"], spec.eps)
+        k = rms_norm(k, w["attn_k_norm.weight"], spec.eps)
+    out = _attention(spec, _rope(q, spec), _rope(k, spec), v)
+    if "attn_sub_norm.weight" in w:
+        out = rms_norm(out, w["attn_sub_norm.weight"], spec.eps)
+    seen([prefix + "attn_output.weight"], out)
+    x = x + _linear(w, "attn_output", out)
+    h = rms_norm(x, w["ffn_norm.weight"], spec.eps)
+    seen([prefix + "ffn_gate.weight", prefix + "ffn_up.weight"], h)
+    act = torch.nn.functional.silu(_linear(w, "ffn_gate", h)) * _linear(w, "ffn_up", h)
+    if "ffn_sub_norm.weight" in w:
+        act = rms_norm(act, w["ffn_sub_norm.weight"], spec.eps)
+    seen([prefix + "ffn_down.weight"], act)
+    return x + _linear(w, "ffn_down", act)
+
+
+def head_logits(spec: ModelSpec, norm: torch.Tensor, head: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Logits [n_tokens, n_vocab] from the last block's output: output norm, then the output head."""
+    return rms_norm(x, norm, spec.eps) @ head.T
