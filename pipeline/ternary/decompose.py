@@ -252,8 +252,12 @@ def decompose_packed(
     irls_iters: int = 0,
     device: torch.device | str | None = None,
     out: npt.NDArray[np.uint8] | None = None,
+    levels: int = 3,
 ) -> PackedMatrix:
     """`decompose_matrix` then `pack.pack_ternary` into ``ggml_type`` (TQ2_0 or TQ1_0) bytes.
+
+    Q2_0 and Q1_0 (llama.cpp's Bonsai layouts) go to `decompose_bonsai.decompose_bonsai_packed`,
+    which takes ``levels`` (3 or 4, Q2_0) and no IRLS (its optimal fit is exact).
 
     On the CPU the default recipe runs as one compiled pass per block (`kernel.fit_pack`,
     bfloat16 weights read as stored); anything else (importance, IRLS, absmean/absmax, CUDA)
@@ -262,8 +266,14 @@ def decompose_packed(
     Raises ValueError like `decompose_matrix`, and for a type that is not ternary.
     """
     from pipeline.ternary import kernel
-    from pipeline.ternary.pack import pack_ternary
+    from pipeline.ternary.pack import BONSAI_TYPES, pack_ternary
 
+    if ggml_type in BONSAI_TYPES:
+        from pipeline.ternary.decompose_bonsai import decompose_bonsai_packed
+
+        if irls_iters:
+            raise ValueError(f"irls_iters={irls_iters} does not apply to {ggml_type}: its fit is exact")
+        return decompose_bonsai_packed(w, ggml_type, method, levels, importance, device, out)
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
     if w.dim() != 2:
