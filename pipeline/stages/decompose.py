@@ -152,7 +152,7 @@ def _encode(
     if decision.is_ternary:
         try:
             result = decompose_packed(weight, decision.ggml_type, recipe.method, irls_iters=recipe.irls_iters,
-                                      device=device, out=out)
+                                      device=device, out=out, levels=recipe.levels)
         except ValueError as exc:
             raise InputError(f"{name}: cannot decompose into {decision.ggml_type}: {exc}") from exc
         raw = result.raw
@@ -350,7 +350,8 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
     elapsed_s = time.monotonic() - started
     header = {
         "format": "decompose-report/1", "recipe": recipe.name, "ternary_type": recipe.ternary_type,
-        "method": recipe.method, "irls_iters": recipe.irls_iters, "device": str(device),
+        "method": recipe.method, "irls_iters": recipe.irls_iters, "levels": recipe.levels,
+        "device": str(device),
         "fit_backend": _fit_backend(recipe, device),
         "shards": selected, "elapsed_s": round(elapsed_s, 3), "peak_rss_bytes": _peak_rss_bytes(),
         "source_format": card.get("format"), "source_types": card.get("dtypes"),
