@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 _PART_NAME = re.compile(r"^ternary/part-\d{5}\.safetensors$")
 # Types a part may carry: what llama.cpp's CPU backend runs and the policy may choose.
-_ALLOWED_TYPES = ("TQ2_0", "TQ1_0", "F16", "BF16", "F32", "Q8_0")
+_ALLOWED_TYPES = ("TQ2_0", "TQ1_0", "Q2_0", "Q1_0", "F16", "BF16", "F32", "Q8_0")
 _TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json")
 _GGML_QUANT_VERSION = 2  # gguf-py's GGML_QUANT_VERSION; llama.cpp checks it for block types
 
@@ -88,11 +88,10 @@ def _read_json(path: Path, what: str) -> Any:
 
 def _part_index(part_name: str, path: Path) -> list[PartTensor]:
     """The tensors one part declares, checked against what it actually stores."""
-    import gguf
-
     from pipeline.gguf_pack.keys import PART_METADATA_TENSORS
     from pipeline.gguf_pack.rawio import read_safetensors_header
     from pipeline.gguf_pack.write import tensor_nbytes
+    from pipeline.ternary.ggml_types import ggml_type
 
     entries, metadata = read_safetensors_header(path)  # header only: the data is never mapped
     declared_raw = metadata.get(PART_METADATA_TENSORS)
@@ -113,7 +112,7 @@ def _part_index(part_name: str, path: Path) -> list[PartTensor]:
                 f"part {part_name}: tensor {name!r} has type {qtype!r}; allowed {_ALLOWED_TYPES}"
             )
         entry = entries[name]
-        n_bytes = tensor_nbytes(gguf.GGMLQuantizationType[qtype], shape)
+        n_bytes = tensor_nbytes(ggml_type(qtype), shape)
         if entry.dtype != "U8" or list(entry.shape) != [n_bytes]:
             raise IntegrityError(
                 f"part {part_name}: tensor {name!r} is {entry.dtype} {list(entry.shape)}; "
@@ -181,12 +180,11 @@ def _metadata(
     card_sha256: str,
     arch: str = "llama",
 ) -> dict[str, Any]:
-    import gguf
-
     from pipeline.gguf_pack.keys import General
     from pipeline.gguf_pack.write import file_type_for, llama_metadata
+    from pipeline.ternary.ggml_types import ggml_type
 
-    file_type = file_type_for(gguf.GGMLQuantizationType[t] for t in types)
+    file_type = file_type_for(ggml_type(t) for t in types)
     meta: dict[str, Any] = {General.NAME: params.model_name}
     meta.update(llama_metadata(config, file_type, arch))
     meta[General.QUANTIZATION_VERSION] = _GGML_QUANT_VERSION
@@ -254,13 +252,13 @@ def _verify_bytes(path: Path, ordered: list[PartTensor]) -> None:
 
 def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> StageResult:
     """Write and verify ``model.gguf``; raises InputError / IntegrityError naming the culprit."""
-    import gguf
 
     from pipeline.gguf_pack.inspect import inspect_gguf
     from pipeline.gguf_pack.keys import General
     from pipeline.gguf_pack.source import arch_spec
     from pipeline.gguf_pack.vocab import load_tokenizer
     from pipeline.gguf_pack.write import TensorToWrite, write_gguf
+    from pipeline.ternary.ggml_types import file_type_name, ggml_type
 
     download, inspect = inputs_of(inputs, "download"), inputs_of(inputs, "inspect")
     card_file = inspect.get("model_card.json")
@@ -281,7 +279,7 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
     meta = _metadata(params, config, vocab.metadata(), types, card_file.sha256 if card_file else "", arch)
     to_write = [
         TensorToWrite(
-            t.gguf_name, gguf.GGMLQuantizationType[t.ggml_type], t.shape, _loader(t), _file_range(t)
+            t.gguf_name, ggml_type(t.ggml_type), t.shape, _loader(t), _file_range(t)
         )
         for t in ordered
     ]
@@ -304,7 +302,7 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
         "types": dict(summary.types),
         "n_params": summary.n_params,
         "bits_per_weight": round(summary.bits_per_weight, 4),
-        "file_type": gguf.LlamaFileType(meta[General.FILE_TYPE]).name,
+        "file_type": file_type_name(meta[General.FILE_TYPE]),
         "tokenizer_model": vocab.model,
         "tokenizer_pre": vocab.pre,
     }

@@ -38,15 +38,14 @@ log = logging.getLogger(__name__)
 
 
 def _metadata(params: Params, copied: Mapping[str, Any], types: set[str], card_sha256: str) -> dict[str, Any]:
-    import gguf
-
     from pipeline.gguf_pack.keys import General
     from pipeline.gguf_pack.write import file_type_for
+    from pipeline.ternary.ggml_types import ggml_type
 
     meta: dict[str, Any] = dict(copied)
     # The source's own name ("Gemma 3 270m") says more than a file name; keep it when present.
     meta.setdefault(General.NAME, params.model_name)
-    meta[General.FILE_TYPE] = int(file_type_for(gguf.GGMLQuantizationType[t] for t in types))
+    meta[General.FILE_TYPE] = int(file_type_for(ggml_type(t) for t in types))
     meta[General.QUANTIZATION_VERSION] = _GGML_QUANT_VERSION
     meta.update(provenance_keys(params, card_sha256))
     return meta
@@ -75,12 +74,11 @@ def package_gguf_source(
     Raises InputError when the source file is not among the inputs, IntegrityError when the
     written file does not read back as meant.
     """
-    import gguf
-
     from pipeline.gguf_pack.gguf_source import source_metadata
     from pipeline.gguf_pack.inspect import inspect_gguf
     from pipeline.gguf_pack.keys import General
     from pipeline.gguf_pack.write import TensorToWrite, write_gguf
+    from pipeline.ternary.ggml_types import file_type_name, ggml_type
 
     shards = list(card.get("shards") or [])
     if len(shards) != 1:
@@ -90,7 +88,7 @@ def package_gguf_source(
     types = {t.ggml_type for t in ordered}
     meta = _metadata(params, copied, types, card_file.sha256 if card_file else "")
     to_write = [
-        TensorToWrite(t.gguf_name, gguf.GGMLQuantizationType[t.ggml_type], t.shape, _loader(t))
+        TensorToWrite(t.gguf_name, ggml_type(t.ggml_type), t.shape, _loader(t))
         for t in ordered
     ]
     dest = workdir / OUTPUT_NAME
@@ -114,7 +112,7 @@ def package_gguf_source(
         "types": dict(summary.types),
         "n_params": summary.n_params,
         "bits_per_weight": round(summary.bits_per_weight, 4),
-        "file_type": gguf.LlamaFileType(meta[General.FILE_TYPE]).name,
+        "file_type": file_type_name(meta[General.FILE_TYPE]),
         "source_format": "gguf",
         "source_types": dict(sorted(source_types.items())),
         "source_file_type": card.get("file_type"),
