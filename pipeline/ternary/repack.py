@@ -64,7 +64,7 @@ def _as_blocks(raw: npt.ArrayLike, block_bytes: int, name: str) -> U8Array:
 def _tq2_codes(blocks: U8Array) -> U8Array:
     """TQ2_0 codes [n, 256]: element n at byte 32 (n // 128) + n % 32, plane (n % 128) // 32."""
     planes = blocks[:, :64].reshape(-1, 2, 1, 32) >> _SHIFTS.reshape(1, 1, 4, 1)
-    return (planes & 3).reshape(-1, _QK_K)
+    return (planes & 3).astype(np.uint8).reshape(-1, _QK_K)
 
 
 def _trits(b: U8Array, powers: U8Array) -> U8Array:
@@ -110,9 +110,9 @@ def _q2_parts(raw: npt.ArrayLike) -> tuple[U8Array, U8Array, npt.NDArray[np.floa
     blocks = _as_blocks(raw, _Q2_BYTES, "Q2_0")
     if blocks.shape[0] % _PER_RUN:
         raise ValueError(f"{blocks.shape[0]} Q2_0 blocks are not whole 256-weight runs of {_PER_RUN}")
-    codes = ((blocks[:, 2:, None] >> _SHIFTS) & 3).reshape(-1, _QK_K)
+    codes = ((blocks[:, 2:, None] >> _SHIFTS) & 3).astype(np.uint8).reshape(-1, _QK_K)
     d_bytes = blocks[:, :2].reshape(-1, _PER_RUN, 2)
-    d = d_bytes.copy().view("<f2").reshape(-1, _PER_RUN)
+    d: npt.NDArray[np.float16] = d_bytes.copy().view("<f2").reshape(-1, _PER_RUN)
     return codes, d_bytes, d
 
 

