@@ -1,12 +1,15 @@
-"""Ternary decomposition against llama.cpp's own TQ2_0 route: time, memory, error, bits per weight.
+"""Ternary decomposition against llama.cpp's own quantizer: time, memory, error, bits per weight.
 
-Generates Llama checkpoints with ordinary Gaussian (not ternary-trained) bf16 weights, then
+Generates Llama checkpoints with ordinary Gaussian (not ternary-trained) bf16 weights, then, for
+each layout (TQ2_0; the Bonsai layouts Q2_0 and Q1_0 that run on CUDA/Metal/Vulkan):
 
-- ours: decompose + package stages, HF safetensors -> TQ2_0 GGUF, in a child process;
-- llama.cpp: F16 GGUF -> TQ2_0 through ``llama_model_quantize`` (llama-cpp-python), in a
-  child process, with as many threads as the machine has cores. The F16 GGUF is made
-  beforehand by our package stage (same tensors, same rope layout) and its making is not
-  timed: llama.cpp's route is timed from the F16 file.
+- ours: decompose + package stages, HF safetensors -> GGUF with the tq2_0 / q2_0 / q1_0
+  recipe, in a child process (q2_0 also with ``levels=4``, shown for information);
+- llama.cpp: F16 GGUF -> the same type through ``llama_model_quantize`` (llama-cpp-python;
+  file types MOSTLY_TQ2_0, MOSTLY_Q2_0 = 41, MOSTLY_Q1_0 = 40), in a child process, with as
+  many threads as the machine has cores. The F16 GGUF is made beforehand by our package stage
+  (same tensors, same rope layout) and its making is not timed: llama.cpp's route is timed
+  from the F16 file.
 
 Library start-up is not timed on either side: importing torch / llama_cpp, and loading our
 compiled kernel from numba's cache (``kernel.warm_up``, ~0.5 s once per process, as a
@@ -16,10 +19,13 @@ Relative errors are ``||w - w_hat||_F / ||w||_F`` over all block linear weights 
 read back from each GGUF with gguf-py and compared with the source. Peak RSS is each child's
 high-water mark (VmHWM). The 2B checkpoint is decomposed by our route only, for the memory check.
 
-    .venv/bin/python bench/decompose.py [--sizes 0.5b,2b] [--workdir DIR] [--keep]
+    .venv/bin/python bench/decompose.py [--sizes 0.5b,2b] [--types tq2_0,q2_0,q2_0_l4,q1_0] [--workdir DIR]
 
-Last line: ``time_ratio=… error_ratio=… rss_growth=…`` (ours / llama.cpp time and error at
-0.5B; our peak RSS at 2B over 0.5B). Targets: ≤ 1.0, ≤ 0.6, ≤ 1.2.
+Last line: ``time_ratio=… error_ratio=… rss_growth=… q2_0: time_ratio=… error_ratio=… q1_0:
+time_ratio=… error_ratio=…`` (ours / llama.cpp time and error at 0.5B, TQ2_0 first; our peak
+RSS at 2B over 0.5B, TQ2_0). Targets: TQ2_0 ≤ 1.0, ≤ 0.6, ≤ 1.2; Q2_0 (levels=3) ≤ 1.0, ≤ 0.6;
+Q1_0 ≤ 1.0, ≤ 1.0 (llama.cpp's Q1_0 rule, d = mean|w|, is already the optimum for signs, so
+equal errors are the expectation there).
 """
 
 from __future__ import annotations
@@ -51,6 +57,14 @@ SIZES: dict[str, tuple[int, int, int, int, int]] = {
 }
 _MAX_SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size ("5GB")
 _LINEAR = re.compile(r"^blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
+# Layout -> (our recipe, its options, llama.cpp's LLAMA_FTYPE_* for the same type).
+LAYOUTS: dict[str, tuple[str, dict[str, Any], str]] = {
+    "tq2_0": ("tq2_0", {}, "LLAMA_FTYPE_MOSTLY_TQ2_0"),
+    "q2_0": ("q2_0", {}, "LLAMA_FTYPE_MOSTLY_Q2_0"),
+    "q2_0_l4": ("q2_0", {"levels": 4}, "LLAMA_FTYPE_MOSTLY_Q2_0"),
+    "q1_0": ("q1_0", {}, "LLAMA_FTYPE_MOSTLY_Q1_0"),
+}
+_LLAMA_FTYPE_VALUES = {"LLAMA_FTYPE_MOSTLY_Q2_0": 41, "LLAMA_FTYPE_MOSTLY_Q1_0": 40}  # llama.h
 
 
 def _tensor_shapes(layers: int, hidden: int, inter: int, heads: int, kv: int, vocab: int,
@@ -152,24 +166,26 @@ def _peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def child_ours(ckpt: Path, card_path: Path, out: Path) -> dict[str, Any]:
-    """Decompose + package in this process; timings, peak RSS and the GGUF path."""
+def child_ours(ckpt: Path, card_path: Path, out: Path, layout: str = "tq2_0") -> dict[str, Any]:
+    """Decompose + package in this process with the layout's recipe; timings, peak RSS and the GGUF path."""
     import torch
 
     from pipeline.stages import decompose, package
     from pipeline.stages.base import InputFile, JobSpec
-    from pipeline.ternary import kernel
+    from pipeline.ternary import kernel, kernel_bonsai
 
+    recipe, options, _ = LAYOUTS[layout]
+    job = JobSpec("bench", recipe, options=options)
     inputs = _stage_inputs(ckpt, card_path)
-    warm_up_s = kernel.warm_up()
+    warm_up_s = kernel.warm_up() + (kernel_bonsai.warm_up() if recipe != "tq2_0" else 0.0)
     started = time.perf_counter()
     (out / "decompose").mkdir(parents=True)
-    result = decompose.run(decompose.make_params(JobSpec("bench", "tq2_0")), inputs, out / "decompose")
+    result = decompose.run(decompose.make_params(job), inputs, out / "decompose")
     decompose_s = time.perf_counter() - started
     for item in result.outputs:
         inputs[f"decompose/{item.name}"] = InputFile(item.name, item.path, "", item.path.stat().st_size)
     (out / "package").mkdir()
-    packaged = package.run(package.make_params(JobSpec("bench", "tq2_0")), inputs, out / "package")
+    packaged = package.run(package.make_params(job), inputs, out / "package")
     total_s = time.perf_counter() - started
     return {"decompose_s": decompose_s, "total_s": total_s, "peak_rss_bytes": _peak_rss_bytes(),
             "gguf": str(packaged.outputs[0].path), "device": result.metrics["device"],
@@ -177,12 +193,13 @@ def child_ours(ckpt: Path, card_path: Path, out: Path) -> dict[str, Any]:
             "threads": f"kernel {kernel.thread_count()}, torch {torch.get_num_threads()}"}
 
 
-def child_llama(src: Path, dst: Path) -> dict[str, Any]:
-    """llama.cpp's quantizer, F16 GGUF -> TQ2_0 (its default tensor-type choices), timed."""
+def child_llama(src: Path, dst: Path, layout: str = "tq2_0") -> dict[str, Any]:
+    """llama.cpp's quantizer, F16 GGUF -> the layout's type (its default tensor-type choices), timed."""
     import llama_cpp
 
+    name = LAYOUTS[layout][2]
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_TQ2_0
+    params.ftype = getattr(llama_cpp, name, None) or _LLAMA_FTYPE_VALUES[name]
     params.nthread = os.cpu_count() or 0  # 0 would mean std::thread::hardware_concurrency(): the same
     started = time.perf_counter()
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
@@ -236,12 +253,12 @@ def make_f16_gguf(ckpt: Path, card: dict[str, Any], card_path: Path, work: Path)
 def gguf_error(path: Path, card: dict[str, Any], ckpt: Path) -> dict[str, Any]:
     """Relative error of the linear weights in a GGUF against the source, and bits per weight."""
     import numpy as np
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
 
+    from pipeline.gguf_pack.reader import GGUFFile
     from pipeline.gguf_pack.source import iter_tensors
+    from pipeline.ternary.pack import decode_bytes
 
-    reader = GGUFReader(str(path))
+    reader = GGUFFile(path)  # gguf-py's reader does not know Q2_0
     by_name = {t.name: t for t in reader.tensors}
     files = {s: ckpt / s for s in card["shards"]}
     err = norm = 0.0
@@ -254,7 +271,8 @@ def gguf_error(path: Path, card: dict[str, Any], ckpt: Path) -> dict[str, Any]:
             all_params += weight.numel()
             if not _LINEAR.match(name):
                 continue
-            values = dequantize(np.asarray(tensor.data), tensor.tensor_type).reshape(weight.shape)
+            values = decode_bytes(np.asarray(tensor.data).reshape(-1).view(np.uint8), tensor.tensor_type.name,
+                                  tuple(weight.shape))
             w = weight.numpy().astype(np.float64)
             err += float(((w - values) ** 2).sum())
             norm += float((w * w).sum())
@@ -265,33 +283,47 @@ def gguf_error(path: Path, card: dict[str, Any], ckpt: Path) -> dict[str, Any]:
             "file_bpw": size * 8 / all_params, "size_bytes": size, "types": types}
 
 
-def _bench_size(size: str, root: Path, with_llama: bool) -> dict[str, Any]:
-    root = root / f"{size}-{'compare' if with_llama else 'memory'}"
+def _bench_size(size: str, root: Path, layouts: list[str] | None) -> dict[str, Any]:
+    """One checkpoint: ours for each layout (tq2_0 only when ``layouts`` is None: the memory check),
+    and llama.cpp's quantizer for each distinct type, each from the same F16 GGUF."""
+    root = root / f"{size}-{'compare' if layouts else 'memory'}"
     root.mkdir()
     ckpt = build_checkpoint(root / f"ckpt-{size}", size)
     card = model_card(ckpt)
     card_path = root / f"card-{size}.json"
     card_path.write_text(json.dumps(card))
     n_params = sum(int(math.prod(t["shape"])) for t in card["tensors"])
-    out: dict[str, Any] = {"size": size, "n_params": n_params}
-    ours = _run_child("ours", str(ckpt), str(card_path), str(root / f"ours-{size}"))
-    out["ours"] = ours | gguf_error(Path(ours["gguf"]), card, ckpt)
-    if with_llama:
-        f16 = make_f16_gguf(ckpt, card, card_path, root / f"f16-{size}")
-        llama = _run_child("llama", str(f16), str(root / f"llama-{size}.gguf"))
-        out["llama"] = llama | gguf_error(Path(llama["gguf"]), card, ckpt)
+    out: dict[str, Any] = {"size": size, "n_params": n_params, "layouts": {}}
+    f16 = make_f16_gguf(ckpt, card, card_path, root / f"f16-{size}") if layouts else None
+    llama_runs: dict[str, dict[str, Any]] = {}
+    for layout in layouts or ["tq2_0"]:
+        ours = _run_child("ours", layout, str(ckpt), str(card_path), str(root / f"ours-{size}-{layout}"))
+        row: dict[str, Any] = {"ours": ours | gguf_error(Path(ours["gguf"]), card, ckpt)}
+        Path(ours["gguf"]).unlink()
+        ftype = LAYOUTS[layout][2]
+        if f16 is not None and ftype not in llama_runs:
+            dst = root / f"llama-{size}-{layout}.gguf"
+            llama = _run_child("llama", layout, str(f16), str(dst))
+            llama_runs[ftype] = llama | gguf_error(dst, card, ckpt)
+            dst.unlink()
+        if f16 is not None:
+            row["llama"] = llama_runs[ftype]
+        out["layouts"][layout] = row
+    if f16 is not None:
         f16.unlink()
     shutil.rmtree(ckpt)
     return out
 
 
-def _print_table(first: dict[str, Any], second: dict[str, Any] | None) -> None:
-    ours, llama = first["ours"], first.get("llama")
+def _print_layout(first: dict[str, Any], layout: str) -> None:
+    ours, llama = first["layouts"][layout]["ours"], first["layouts"][layout].get("llama")
     rows = [("wall time (s)", "total_s", "{:.2f}"), ("peak RSS (MB)", "peak_rss_bytes", "{:.0f}"),
             ("rel. error, linear weights", "rel_error", "{:.4f}"),
             ("bpw, linear weights", "linear_bpw", "{:.4f}"),
             ("bpw, whole file", "file_bpw", "{:.4f}"), ("file size (MB)", "size_bytes", "{:.1f}")]
-    print(f"checkpoint {first['size']}: {first['n_params'] / 1e6:.0f}M parameters, Gaussian bf16")
+    recipe, options, ftype = LAYOUTS[layout]
+    knobs = "".join(f", {k}={v}" for k, v in options.items())
+    print(f"--- {layout}: ours recipe {recipe}{knobs}; llama.cpp {ftype}")
     print(f"{'':28s} {'ours (decompose+package)':>26s} {'llama.cpp (quantize)':>22s}")
     for label, key, fmt in rows:
         scale = 1e6 if key in ("peak_rss_bytes", "size_bytes") else 1
@@ -304,10 +336,26 @@ def _print_table(first: dict[str, Any], second: dict[str, Any] | None) -> None:
     print(f"ours: decompose {ours['decompose_s']:.2f} s on {ours['device']}, "
           f"{first['n_params'] / ours['decompose_s'] / 1e6:.1f} M params/s; kernel load before timing "
           f"{ours['warm_up_s']:.2f} s (once per process)")
+
+
+def _print_table(first: dict[str, Any], second: dict[str, Any] | None) -> None:
+    print(f"checkpoint {first['size']}: {first['n_params'] / 1e6:.0f}M parameters, Gaussian bf16")
+    for layout in first["layouts"]:
+        _print_layout(first, layout)
     if second:
-        print(f"checkpoint {second['size']}: {second['n_params'] / 1e6:.0f}M parameters: ours "
-              f"{second['ours']['total_s']:.1f} s, peak RSS {second['ours']['peak_rss_bytes'] / 1e6:.0f} MB, "
-              f"rel. error {second['ours']['rel_error']:.4f}")
+        mem = second["layouts"]["tq2_0"]["ours"]
+        print(f"checkpoint {second['size']}: {second['n_params'] / 1e6:.0f}M parameters: ours (tq2_0) "
+              f"{mem['total_s']:.1f} s, peak RSS {mem['peak_rss_bytes'] / 1e6:.0f} MB, "
+              f"rel. error {mem['rel_error']:.4f}")
+
+
+def _ratios(first: dict[str, Any], layout: str) -> str:
+    row = first["layouts"].get(layout)
+    if row is None or "llama" not in row:
+        return "time_ratio=nan error_ratio=nan"
+    time_ratio = row["ours"]["total_s"] / row["llama"]["total_s"]
+    error_ratio = row["ours"]["rel_error"] / row["llama"]["rel_error"]
+    return f"time_ratio={time_ratio:.3f} error_ratio={error_ratio:.3f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,31 +363,40 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--sizes", default="0.5b,2b", help="comparison size, then the memory-check size")
+    parser.add_argument("--types", default="tq2_0,q2_0,q2_0_l4,q1_0",
+                        help=f"layouts to compare, from {', '.join(LAYOUTS)}")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        kind, *rest = args.child
-        result = child_ours(*map(Path, rest)) if kind == "ours" else child_llama(*map(Path, rest))
+        kind, layout, *rest = args.child
+        paths = [Path(p) for p in rest]
+        result = child_ours(*paths, layout=layout) if kind == "ours" else child_llama(*paths, layout=layout)
         print(json.dumps(result))
         return 0
     sizes = args.sizes.split(",")
+    layouts = args.types.split(",")
+    unknown = sorted(set(layouts) - set(LAYOUTS))
+    if unknown:
+        parser.error(f"unknown layouts {unknown}; expected some of {', '.join(LAYOUTS)}")
     load_before = os.getloadavg()
     root = Path(tempfile.mkdtemp(prefix="bench-decompose-", dir=args.workdir))
     try:
-        first = _bench_size(sizes[0], root, with_llama=True)
-        second = _bench_size(sizes[1], root, with_llama=False) if len(sizes) > 1 else None
+        first = _bench_size(sizes[0], root, layouts)
+        second = _bench_size(sizes[1], root, None) if len(sizes) > 1 else None
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     _print_table(first, second)
     print("load average (1, 5, 15 min): before " + " ".join(f"{x:.2f}" for x in load_before)
           + ", after " + " ".join(f"{x:.2f}" for x in os.getloadavg()) + f" on {os.cpu_count()} cores")
-    time_ratio = first["ours"]["total_s"] / first["llama"]["total_s"]
-    error_ratio = first["ours"]["rel_error"] / first["llama"]["rel_error"]
-    growth = second["ours"]["peak_rss_bytes"] / first["ours"]["peak_rss_bytes"] if second else float("nan")
-    print(f"time_ratio={time_ratio:.3f} error_ratio={error_ratio:.3f} rss_growth={growth:.3f}")
+    growth = float("nan")
+    if second and "tq2_0" in first["layouts"]:
+        growth = (second["layouts"]["tq2_0"]["ours"]["peak_rss_bytes"]
+                  / first["layouts"]["tq2_0"]["ours"]["peak_rss_bytes"])
+    print(f"{_ratios(first, 'tq2_0')} rss_growth={growth:.3f} q2_0: {_ratios(first, 'q2_0')} "
+          f"q1_0: {_ratios(first, 'q1_0')}")
     return 0
 
 
