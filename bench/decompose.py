@@ -336,6 +336,9 @@ def _print_layout(first: dict[str, Any], layout: str) -> None:
     print(f"ours: decompose {ours['decompose_s']:.2f} s on {ours['device']}, "
           f"{first['n_params'] / ours['decompose_s'] / 1e6:.1f} M params/s; kernel load before timing "
           f"{ours['warm_up_s']:.2f} s (once per process)")
+    if llama:
+        print(f"ours / llama.cpp: time {ours['total_s'] / llama['total_s']:.3f}, "
+              f"rel. error {ours['rel_error'] / llama['rel_error']:.6f}")
 
 
 def _print_table(first: dict[str, Any], second: dict[str, Any] | None) -> None:
