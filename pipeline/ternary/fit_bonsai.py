@@ -91,13 +91,14 @@ def _check(blocks: torch.Tensor, importance: torch.Tensor | None) -> tuple[torch
     return blocks, a
 
 
-def _sequential_cumsum(t: torch.Tensor) -> torch.Tensor:
+def _sequential_cumsum(t: torch.Tensor, column_loop: bool | None = None) -> torch.Tensor:
     """Prefix sums along dim 1, each one the previous sum plus the next term (float64, any device).
 
     A fixed order of addition on every device: torch.cumsum on CUDA is a parallel scan whose
-    rounding differs; numpy's accumulate on the CPU is sequential and fast.
+    rounding differs; numpy's accumulate on the CPU is sequential and fast. ``column_loop``
+    (default: off the CPU) adds one column at a time in torch instead, on any device.
     """
-    if t.device.type == "cpu":
+    if not (column_loop if column_loop is not None else t.device.type != "cpu"):
         return torch.from_numpy(np.cumsum(t.contiguous().numpy(), axis=1))
     out = torch.empty_like(t)
     acc = torch.zeros_like(t[:, 0])

@@ -219,3 +219,23 @@ def test_bad_inputs() -> None:
         fit_q1_0(torch.zeros(1, 128), -torch.ones(128))
     codes, scales = fit_q2_0(torch.zeros(2, 64))
     assert not bool(codes.any()) and not bool(scales.any())
+
+
+def test_the_device_independent_sum_order() -> None:
+    """The column loop (the CUDA path's prefix sums) gives numpy's sequential sums bit for bit."""
+    from pipeline.ternary.fit_bonsai import _sequential_cumsum
+
+    t = torch.distributions.StudentT(1.2).sample((64, 64)).abs().double() * 1e3
+    assert torch.equal(_sequential_cumsum(t, column_loop=True), _sequential_cumsum(t, column_loop=False))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: checked where there is one")
+def test_cuda_fits_equal_cpu_fits() -> None:
+    w = _blocks(3, 64, 64)
+    a = torch.rand(w.shape, generator=torch.Generator().manual_seed(0))
+    for fit in (lambda x, i: fit_q2_0(x, i, 3), lambda x, i: fit_q2_0(x, i, 4), fit_q1_0):
+        for importance in (None, a):
+            cpu = fit(w, importance)
+            gpu = fit(w.cuda(), None if importance is None else importance.cuda())
+            for got, want in zip(gpu, cpu, strict=True):
+                assert torch.equal(got.cpu(), want)
