@@ -19,7 +19,11 @@ Relative errors are ``||w - w_hat||_F / ||w||_F`` over all block linear weights 
 read back from each GGUF with gguf-py and compared with the source. Peak RSS is each child's
 high-water mark (VmHWM). The 2B checkpoint is decomposed by our route only, for the memory check.
 
-    .venv/bin/python bench/decompose.py [--sizes 0.5b,2b] [--types tq2_0,q2_0,q2_0_l4,q1_0] [--workdir DIR]
+    .venv/bin/python bench/decompose.py [--sizes 0.5b,2b] [--types tq2_0,q2_0,q2_0_l4,q1_0] [--repeat N]
+                                        [--workdir DIR] [--keep]
+
+``--repeat N`` times each side N times, ours and llama.cpp's alternately, and keeps each side's
+fastest run (on a shared machine the least disturbed); every run's time is printed.
 
 Last line: ``time_ratio=… error_ratio=… rss_growth=… q2_0: time_ratio=… error_ratio=… q1_0:
 time_ratio=… error_ratio=…`` (ours / llama.cpp time and error at 0.5B, TQ2_0 first; our peak
@@ -283,9 +287,18 @@ def gguf_error(path: Path, card: dict[str, Any], ckpt: Path) -> dict[str, Any]:
             "file_bpw": size * 8 / all_params, "size_bytes": size, "types": types}
 
 
-def _bench_size(size: str, root: Path, layouts: list[str] | None) -> dict[str, Any]:
+def _merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first run's errors and sizes with the fastest run's timings; every run's wall time."""
+    fastest = min(runs, key=lambda r: r["total_s"])
+    merged = runs[0] | {k: v for k, v in fastest.items() if k.endswith("_s") or k == "peak_rss_bytes"}
+    merged["runs_s"] = [round(r["total_s"], 2) for r in runs]
+    return merged
+
+
+def _bench_size(size: str, root: Path, layouts: list[str] | None, repeat: int = 1) -> dict[str, Any]:
     """One checkpoint: ours for each layout (tq2_0 only when ``layouts`` is None: the memory check),
-    and llama.cpp's quantizer for each distinct type, each from the same F16 GGUF."""
+    and llama.cpp's quantizer for each distinct type, each from the same F16 GGUF; each timed
+    ``repeat`` times, ours and llama.cpp's alternately, keeping the fastest."""
     root = root / f"{size}-{'compare' if layouts else 'memory'}"
     root.mkdir()
     ckpt = build_checkpoint(root / f"ckpt-{size}", size)
@@ -297,15 +310,26 @@ def _bench_size(size: str, root: Path, layouts: list[str] | None) -> dict[str, A
     f16 = make_f16_gguf(ckpt, card, card_path, root / f"f16-{size}") if layouts else None
     llama_runs: dict[str, dict[str, Any]] = {}
     for layout in layouts or ["tq2_0"]:
-        ours = _run_child("ours", layout, str(ckpt), str(card_path), str(root / f"ours-{size}-{layout}"))
-        row: dict[str, Any] = {"ours": ours | gguf_error(Path(ours["gguf"]), card, ckpt)}
-        Path(ours["gguf"]).unlink()
         ftype = LAYOUTS[layout][2]
-        if f16 is not None and ftype not in llama_runs:
-            dst = root / f"llama-{size}-{layout}.gguf"
-            llama = _run_child("llama", layout, str(f16), str(dst))
-            llama_runs[ftype] = llama | gguf_error(dst, card, ckpt)
-            dst.unlink()
+        fresh_llama = f16 is not None and ftype not in llama_runs
+        timings: dict[str, list[dict[str, Any]]] = {"ours": [], "llama": []}
+        for i in range(repeat):
+            dest = root / f"ours-{size}-{layout}-{i}"
+            ours = _run_child("ours", layout, str(ckpt), str(card_path), str(dest))
+            if i == 0:
+                ours |= gguf_error(Path(ours["gguf"]), card, ckpt)
+            Path(ours["gguf"]).unlink()
+            timings["ours"].append(ours)
+            if fresh_llama:
+                dst = root / f"llama-{size}-{layout}-{i}.gguf"
+                llama = _run_child("llama", layout, str(f16), str(dst))
+                if i == 0:
+                    llama |= gguf_error(dst, card, ckpt)
+                dst.unlink()
+                timings["llama"].append(llama)
+        row: dict[str, Any] = {"ours": _merge_runs(timings["ours"])}
+        if fresh_llama:
+            llama_runs[ftype] = _merge_runs(timings["llama"])
         if f16 is not None:
             row["llama"] = llama_runs[ftype]
         out["layouts"][layout] = row
@@ -333,6 +357,8 @@ def _print_layout(first: dict[str, Any], layout: str) -> None:
     llama_types = json.dumps(llama["types"]) if llama else "-"
     print(f"{'tensor types':28s} {json.dumps(ours['types']):>26s} {llama_types:>22s}")
     print(f"{'threads':28s} {ours['threads']:>26s} {llama['threads'] if llama else '-':>22s}")
+    llama_runs = " ".join(map(str, llama["runs_s"])) if llama else "-"
+    print(f"{'every run (s), fastest kept':28s} {' '.join(map(str, ours['runs_s'])):>26s} {llama_runs:>22s}")
     print(f"ours: decompose {ours['decompose_s']:.2f} s on {ours['device']}, "
           f"{first['n_params'] / ours['decompose_s'] / 1e6:.1f} M params/s; kernel load before timing "
           f"{ours['warm_up_s']:.2f} s (once per process)")
@@ -368,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="0.5b,2b", help="comparison size, then the memory-check size")
     parser.add_argument("--types", default="tq2_0,q2_0,q2_0_l4,q1_0",
                         help=f"layouts to compare, from {', '.join(LAYOUTS)}")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="time each side this many times, alternately, and keep the fastest")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
@@ -386,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     root = Path(tempfile.mkdtemp(prefix="bench-decompose-", dir=args.workdir))
     try:
-        first = _bench_size(sizes[0], root, layouts)
+        first = _bench_size(sizes[0], root, layouts, args.repeat)
         second = _bench_size(sizes[1], root, None) if len(sizes) > 1 else None
     finally:
         if not args.keep:
