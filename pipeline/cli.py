@@ -106,7 +106,7 @@ def _parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
 
 @cli.command()
 @click.argument("source")
-@click.option("--recipe", default="tq2_0", show_default=True, help="Named recipe (tq2_0, tq1_0).")
+@click.option("--recipe", default="tq2_0", show_default=True, help="Named recipe (tq2_0, tq1_0, q2_0, q1_0).")
 @click.option("--option", "options", multiple=True, help="Recipe knob KEY=VALUE (repeatable).")
 @click.option("--out", type=click.Path(path_type=Path), help="Also copy the GGUF here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the job detail as JSON at the end.")
