@@ -110,9 +110,17 @@ def fit_pack(
     view = out[:n_bytes]
     stats = np.zeros((max(1, -(-n_blocks // _CHUNK_BLOCKS)), 8))  # 64-byte rows: no false sharing
     if n_blocks:
-        _kernel_bonsai_impl.fit_pack_bonsai_all(src, 16 if bf16 else 0, imp, n_per_row, view, stats,
-                                                _CHUNK_BLOCKS, ggml_type == "Q1_0", levels,
-                                                BLOCK_BYTES[ggml_type])
+        import numba
+
+        # Hand the chunks out as threads free up, not in one fixed share per thread: on a machine
+        # others share, a thread that loses its core would otherwise hold the whole call up.
+        previous = numba.set_parallel_chunksize(1)
+        try:
+            _kernel_bonsai_impl.fit_pack_bonsai_all(src, 16 if bf16 else 0, imp, n_per_row, view, stats,
+                                                    _CHUNK_BLOCKS, ggml_type == "Q1_0", levels,
+                                                    BLOCK_BYTES[ggml_type])
+        finally:
+            numba.set_parallel_chunksize(previous)
     totals = stats.sum(axis=0)
     if totals[4] > 0:
         raise ValueError(f"the weights hold NaN or infinite values ({int(totals[4])} blocks of {size})")
