@@ -1,12 +1,15 @@
-"""Ternary decomposition against llama.cpp's own TQ2_0 route: time, memory, error, bits per weight.
+"""Ternary decomposition against llama.cpp's own quantizer: time, memory, error, bits per weight.
 
-Generates Llama checkpoints with ordinary Gaussian (not ternary-trained) bf16 weights, then
+Generates Llama checkpoints with ordinary Gaussian (not ternary-trained) bf16 weights, then, for
+each layout (TQ2_0; the Bonsai layouts Q2_0 and Q1_0 that run on CUDA/Metal/Vulkan):
 
-- ours: decompose + package stages, HF safetensors -> TQ2_0 GGUF, in a child process;
-- llama.cpp: F16 GGUF -> TQ2_0 through ``llama_model_quantize`` (llama-cpp-python), in a
-  child process, with as many threads as the machine has cores. The F16 GGUF is made
-  beforehand by our package stage (same tensors, same rope layout) and its making is not
-  timed: llama.cpp's route is timed from the F16 file.
+- ours: decompose + package stages, HF safetensors -> GGUF with the tq2_0 / q2_0 / q1_0
+  recipe, in a child process (q2_0 also with ``levels=4``, shown for information);
+- llama.cpp: F16 GGUF -> the same type through ``llama_model_quantize`` (llama-cpp-python;
+  file types MOSTLY_TQ2_0, MOSTLY_Q2_0 = 41, MOSTLY_Q1_0 = 40), in a child process, with as
+  many threads as the machine has cores. The F16 GGUF is made beforehand by our package stage
+  (same tensors, same rope layout) and its making is not timed: llama.cpp's route is timed
+  from the F16 file.
 
 Library start-up is not timed on either side: importing torch / llama_cpp, and loading our
 compiled kernel from numba's cache (``kernel.warm_up``, ~0.5 s once per process, as a
@@ -16,13 +19,18 @@ Relative errors are ``||w - w_hat||_F / ||w||_F`` over all block linear weights 
 read back from each GGUF with gguf-py and compared with the source. Peak RSS is each child's
 high-water mark (VmHWM). The 2B checkpoint is decomposed by our route only, for the memory check.
 
-Each side runs ``--runs`` times (default 3), each in a fresh child process after ``sync``;
-the median is reported with every run's time and the spread.
+    .venv/bin/python bench/decompose.py [--sizes 0.5b,2b] [--types tq2_0,q2_0,q2_0_l4,q1_0] [--repeat N]
+                                        [--workdir DIR] [--keep]
 
-    .venv/bin/python bench/decompose.py [--sizes 0.5b,2b] [--runs 3] [--workdir DIR] [--keep]
+``--repeat N`` (default 3) times each side N times, ours and llama.cpp's alternately, each in a
+fresh child process after ``sync``, and reports each side's median run with every run's time
+and the spread.
 
-Last line: ``time_ratio=… error_ratio=… rss_growth=…`` (ours / llama.cpp time and error at
-0.5B; our peak RSS at 2B over 0.5B). Targets: ≤ 1.0, ≤ 0.6, ≤ 1.2.
+Last line: ``time_ratio=… error_ratio=… rss_growth=… q2_0: time_ratio=… error_ratio=… q1_0:
+time_ratio=… error_ratio=…`` (ours / llama.cpp time and error at 0.5B, TQ2_0 first; our peak
+RSS at 2B over 0.5B, TQ2_0). Targets: TQ2_0 ≤ 1.0, ≤ 0.6, ≤ 1.2; Q2_0 (levels=3) ≤ 1.0, ≤ 0.6;
+Q1_0 ≤ 1.0, ≤ 1.0 (llama.cpp's Q1_0 rule, d = mean|w|, is already the optimum for signs, so
+equal errors are the expectation there).
 """
 
 from __future__ import annotations
@@ -34,12 +42,11 @@ import os
 import re
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +62,14 @@ SIZES: dict[str, tuple[int, int, int, int, int]] = {
 }
 _MAX_SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size ("5GB")
 _LINEAR = re.compile(r"^blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
+# Layout -> (our recipe, its options, llama.cpp's LLAMA_FTYPE_* for the same type).
+LAYOUTS: dict[str, tuple[str, dict[str, Any], str]] = {
+    "tq2_0": ("tq2_0", {}, "LLAMA_FTYPE_MOSTLY_TQ2_0"),
+    "q2_0": ("q2_0", {}, "LLAMA_FTYPE_MOSTLY_Q2_0"),
+    "q2_0_l4": ("q2_0", {"levels": 4}, "LLAMA_FTYPE_MOSTLY_Q2_0"),
+    "q1_0": ("q1_0", {}, "LLAMA_FTYPE_MOSTLY_Q1_0"),
+}
+_LLAMA_FTYPE_VALUES = {"LLAMA_FTYPE_MOSTLY_Q2_0": 41, "LLAMA_FTYPE_MOSTLY_Q1_0": 40}  # llama.h
 
 
 def _tensor_shapes(layers: int, hidden: int, inter: int, heads: int, kv: int, vocab: int,
@@ -157,24 +172,26 @@ def _peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def child_ours(ckpt: Path, card_path: Path, out: Path) -> dict[str, Any]:
-    """Decompose + package in this process; timings, peak RSS and the GGUF path."""
+def child_ours(ckpt: Path, card_path: Path, out: Path, layout: str = "tq2_0") -> dict[str, Any]:
+    """Decompose + package in this process with the layout's recipe; timings, peak RSS and the GGUF path."""
     import torch
 
     from pipeline.stages import decompose, package
     from pipeline.stages.base import InputFile, JobSpec
-    from pipeline.ternary import kernel
+    from pipeline.ternary import kernel, kernel_bonsai
 
+    recipe, options, _ = LAYOUTS[layout]
+    job = JobSpec("bench", recipe, options=options)
     inputs = _stage_inputs(ckpt, card_path)
-    warm_up_s = kernel.warm_up()
+    warm_up_s = kernel.warm_up() + (kernel_bonsai.warm_up() if recipe != "tq2_0" else 0.0)
     started = time.perf_counter()
     (out / "decompose").mkdir(parents=True)
-    result = decompose.run(decompose.make_params(JobSpec("bench", "tq2_0")), inputs, out / "decompose")
+    result = decompose.run(decompose.make_params(job), inputs, out / "decompose")
     decompose_s = time.perf_counter() - started
     for item in result.outputs:
         inputs[f"decompose/{item.name}"] = InputFile(item.name, item.path, "", item.path.stat().st_size)
     (out / "package").mkdir()
-    packaged = package.run(package.make_params(JobSpec("bench", "tq2_0")), inputs, out / "package")
+    packaged = package.run(package.make_params(job), inputs, out / "package")
     total_s = time.perf_counter() - started
     return {"decompose_s": decompose_s, "total_s": total_s, "peak_rss_bytes": _peak_rss_bytes(),
             "gguf": str(packaged.outputs[0].path), "device": result.metrics["device"],
@@ -182,12 +199,13 @@ def child_ours(ckpt: Path, card_path: Path, out: Path) -> dict[str, Any]:
             "threads": f"kernel {kernel.thread_count()}, torch {torch.get_num_threads()}"}
 
 
-def child_llama(src: Path, dst: Path) -> dict[str, Any]:
-    """llama.cpp's quantizer, F16 GGUF -> TQ2_0 (its default tensor-type choices), timed."""
+def child_llama(src: Path, dst: Path, layout: str = "tq2_0") -> dict[str, Any]:
+    """llama.cpp's quantizer, F16 GGUF -> the layout's type (its default tensor-type choices), timed."""
     import llama_cpp
 
+    name = LAYOUTS[layout][2]
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_TQ2_0
+    params.ftype = getattr(llama_cpp, name, None) or _LLAMA_FTYPE_VALUES[name]
     params.nthread = os.cpu_count() or 0  # 0 would mean std::thread::hardware_concurrency(): the same
     started = time.perf_counter()
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
@@ -198,49 +216,8 @@ def child_llama(src: Path, dst: Path) -> dict[str, Any]:
             "threads": f"nthread {params.nthread}"}
 
 
-_RUNS = 3  # timed runs per side (--runs); each is a fresh child process
-
-
 def _run_child(*args: str) -> dict[str, Any]:
-    """The median of `_RUNS` runs of one child, by total_s, with every run's time and the spread.
-
-    Each run starts from a clean output path and with no dirty pages pending (the outputs are
-    deterministic: the last run's are kept for the error figures).
-    """
-    return median_of_runs(_RUNS, lambda: _run_child_once(*args), before_each=lambda: _clear_output(args))
-
-
-def median_of_runs(runs: int, once: Callable[[], dict[str, Any]],
-                   before_each: Callable[[], None] | None = None) -> dict[str, Any]:
-    """Call `once()` (a dict with ``total_s``) `runs` times; the median run plus ``runs_s``, ``spread_s``."""
-    results = []
-    for _ in range(max(1, runs)):
-        if before_each is not None:
-            before_each()
-        results.append(once())
-    times = [float(r["total_s"]) for r in results]
-    median = statistics.median(times)
-    middle = min(results, key=lambda r: abs(float(r["total_s"]) - median))
-    return middle | {"total_s": median, "runs_s": times, "spread_s": max(times) - min(times)}
-
-
-def _set_runs(runs: int) -> None:
-    global _RUNS
-    _RUNS = runs
-
-
-def _clear_output(args: tuple[str, ...]) -> None:
-    # Written-back pages only: the just-written checkpoint or F16 GGUF would otherwise be
-    # flushed to disk on the first run's clock (the first llama.cpp run took up to 2x longer).
-    os.sync()
-    out = Path(args[-1])
-    if out.is_dir():
-        shutil.rmtree(out)
-    elif out.exists():
-        out.unlink()
-
-
-def _run_child_once(*args: str) -> dict[str, Any]:
+    os.sync()  # the previous run's GGUF is flushed now, not during this run's timing
     proc = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True,
                           check=False)
     if proc.returncode != 0:
@@ -255,6 +232,7 @@ def make_f16_gguf(ckpt: Path, card: dict[str, Any], card_path: Path, work: Path)
     from safetensors.numpy import save_file
 
     from pipeline.formats.hf.checkpoint import iter_tensors
+    from pipeline.formats.model_card import ModelCard
     from pipeline.stages import package
     from pipeline.stages.base import InputFile, JobSpec
     from pipeline.ternary.pack import encode_plain
@@ -265,7 +243,7 @@ def make_f16_gguf(ckpt: Path, card: dict[str, Any], card_path: Path, work: Path)
     for i, shard in enumerate(card["shards"]):
         data: dict[str, np.ndarray] = {}
         index: dict[str, Any] = {}
-        for name, weight in iter_tensors(card, files, shard):
+        for name, weight in iter_tensors(ModelCard.from_dict(card), files, shard):
             ggml_type = "F32" if weight.dim() == 1 else "F16"
             data[name] = encode_plain(weight, ggml_type)
             index[name] = {"ggml_type": ggml_type, "shape": list(weight.shape)}
@@ -283,25 +261,27 @@ def make_f16_gguf(ckpt: Path, card: dict[str, Any], card_path: Path, work: Path)
 def gguf_error(path: Path, card: dict[str, Any], ckpt: Path) -> dict[str, Any]:
     """Relative error of the linear weights in a GGUF against the source, and bits per weight."""
     import numpy as np
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
 
+    from pipeline.formats.gguf.reader import GGUFFile
     from pipeline.formats.hf.checkpoint import iter_tensors
+    from pipeline.formats.model_card import ModelCard
+    from pipeline.ternary.pack import decode_bytes
 
-    reader = GGUFReader(str(path))
+    reader = GGUFFile(path)  # gguf-py's reader does not know Q2_0
     by_name = {t.name: t for t in reader.tensors}
     files = {s: ckpt / s for s in card["shards"]}
     err = norm = 0.0
     linear_bytes = linear_params = all_params = 0
     types: dict[str, int] = {}
     for shard in card["shards"]:
-        for name, weight in iter_tensors(card, files, shard):
+        for name, weight in iter_tensors(ModelCard.from_dict(card), files, shard):
             tensor = by_name[name]
             types[tensor.tensor_type.name] = types.get(tensor.tensor_type.name, 0) + 1
             all_params += weight.numel()
             if not _LINEAR.match(name):
                 continue
-            values = dequantize(np.asarray(tensor.data), tensor.tensor_type).reshape(weight.shape)
+            values = decode_bytes(np.asarray(tensor.data).reshape(-1).view(np.uint8), tensor.tensor_type.name,
+                                  tuple(weight.shape))
             w = weight.numpy().astype(np.float64)
             err += float(((w - values) ** 2).sum())
             norm += float((w * w).sum())
@@ -312,33 +292,70 @@ def gguf_error(path: Path, card: dict[str, Any], ckpt: Path) -> dict[str, Any]:
             "file_bpw": size * 8 / all_params, "size_bytes": size, "types": types}
 
 
-def _bench_size(size: str, root: Path, with_llama: bool) -> dict[str, Any]:
-    root = root / f"{size}-{'compare' if with_llama else 'memory'}"
+def _merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first run's errors and sizes with the median run's timings; every run's wall time and the
+    spread (max - min), so a figure taken on a busy machine says so."""
+    ordered = sorted(runs, key=lambda r: r["total_s"])
+    median = ordered[(len(ordered) - 1) // 2]
+    merged = runs[0] | {k: v for k, v in median.items() if k.endswith("_s") or k == "peak_rss_bytes"}
+    merged["runs_s"] = [round(r["total_s"], 2) for r in runs]
+    merged["spread_s"] = round(ordered[-1]["total_s"] - ordered[0]["total_s"], 2)
+    return merged
+
+
+def _bench_size(size: str, root: Path, layouts: list[str] | None, repeat: int = 1) -> dict[str, Any]:
+    """One checkpoint: ours for each layout (tq2_0 only when ``layouts`` is None: the memory check),
+    and llama.cpp's quantizer for each distinct type, each from the same F16 GGUF; each timed
+    ``repeat`` times, ours and llama.cpp's alternately, keeping the median."""
+    root = root / f"{size}-{'compare' if layouts else 'memory'}"
     root.mkdir()
     ckpt = build_checkpoint(root / f"ckpt-{size}", size)
     card = model_card(ckpt)
     card_path = root / f"card-{size}.json"
     card_path.write_text(json.dumps(card))
     n_params = sum(int(math.prod(t["shape"])) for t in card["tensors"])
-    out: dict[str, Any] = {"size": size, "n_params": n_params}
-    ours = _run_child("ours", str(ckpt), str(card_path), str(root / f"ours-{size}"))
-    out["ours"] = ours | gguf_error(Path(ours["gguf"]), card, ckpt)
-    if with_llama:
-        f16 = make_f16_gguf(ckpt, card, card_path, root / f"f16-{size}")
-        llama = _run_child("llama", str(f16), str(root / f"llama-{size}.gguf"))
-        out["llama"] = llama | gguf_error(Path(llama["gguf"]), card, ckpt)
+    out: dict[str, Any] = {"size": size, "n_params": n_params, "layouts": {}}
+    f16 = make_f16_gguf(ckpt, card, card_path, root / f"f16-{size}") if layouts else None
+    llama_runs: dict[str, dict[str, Any]] = {}
+    for layout in layouts or ["tq2_0"]:
+        ftype = LAYOUTS[layout][2]
+        fresh_llama = f16 is not None and ftype not in llama_runs
+        timings: dict[str, list[dict[str, Any]]] = {"ours": [], "llama": []}
+        for i in range(repeat):
+            dest = root / f"ours-{size}-{layout}-{i}"
+            ours = _run_child("ours", layout, str(ckpt), str(card_path), str(dest))
+            if i == 0:
+                ours |= gguf_error(Path(ours["gguf"]), card, ckpt)
+            Path(ours["gguf"]).unlink()
+            timings["ours"].append(ours)
+            if fresh_llama:
+                dst = root / f"llama-{size}-{layout}-{i}.gguf"
+                llama = _run_child("llama", layout, str(f16), str(dst))
+                if i == 0:
+                    llama |= gguf_error(dst, card, ckpt)
+                dst.unlink()
+                timings["llama"].append(llama)
+        row: dict[str, Any] = {"ours": _merge_runs(timings["ours"])}
+        if fresh_llama:
+            llama_runs[ftype] = _merge_runs(timings["llama"])
+        if f16 is not None:
+            row["llama"] = llama_runs[ftype]
+        out["layouts"][layout] = row
+    if f16 is not None:
         f16.unlink()
     shutil.rmtree(ckpt)
     return out
 
 
-def _print_table(first: dict[str, Any], second: dict[str, Any] | None) -> None:
-    ours, llama = first["ours"], first.get("llama")
+def _print_layout(first: dict[str, Any], layout: str) -> None:
+    ours, llama = first["layouts"][layout]["ours"], first["layouts"][layout].get("llama")
     rows = [("wall time (s)", "total_s", "{:.2f}"), ("peak RSS (MB)", "peak_rss_bytes", "{:.0f}"),
             ("rel. error, linear weights", "rel_error", "{:.4f}"),
             ("bpw, linear weights", "linear_bpw", "{:.4f}"),
             ("bpw, whole file", "file_bpw", "{:.4f}"), ("file size (MB)", "size_bytes", "{:.1f}")]
-    print(f"checkpoint {first['size']}: {first['n_params'] / 1e6:.0f}M parameters, Gaussian bf16")
+    recipe, options, ftype = LAYOUTS[layout]
+    knobs = "".join(f", {k}={v}" for k, v in options.items())
+    print(f"--- {layout}: ours recipe {recipe}{knobs}; llama.cpp {ftype}")
     print(f"{'':28s} {'ours (decompose+package)':>26s} {'llama.cpp (quantize)':>22s}")
     for label, key, fmt in rows:
         scale = 1e6 if key in ("peak_rss_bytes", "size_bytes") else 1
@@ -348,22 +365,36 @@ def _print_table(first: dict[str, Any], second: dict[str, Any] | None) -> None:
     llama_types = json.dumps(llama["types"]) if llama else "-"
     print(f"{'tensor types':28s} {json.dumps(ours['types']):>26s} {llama_types:>22s}")
     print(f"{'threads':28s} {ours['threads']:>26s} {llama['threads'] if llama else '-':>22s}")
+    llama_runs = " ".join(map(str, llama["runs_s"])) if llama else "-"
+    print(f"{'every run (s), median kept':28s} {' '.join(map(str, ours['runs_s'])):>26s} {llama_runs:>22s}")
+    llama_spread = f"{llama['spread_s']:.2f}" if llama else "-"
+    print(f"{'spread (s)':28s} {ours['spread_s']:>26.2f} {llama_spread:>22s}")
     print(f"ours: decompose {ours['decompose_s']:.2f} s on {ours['device']}, "
           f"{first['n_params'] / ours['decompose_s'] / 1e6:.1f} M params/s; kernel load before timing "
           f"{ours['warm_up_s']:.2f} s (once per process)")
+    if llama:
+        print(f"ours / llama.cpp: time {ours['total_s'] / llama['total_s']:.3f}, "
+              f"rel. error {ours['rel_error'] / llama['rel_error']:.6f}")
+
+
+def _print_table(first: dict[str, Any], second: dict[str, Any] | None) -> None:
+    print(f"checkpoint {first['size']}: {first['n_params'] / 1e6:.0f}M parameters, Gaussian bf16")
+    for layout in first["layouts"]:
+        _print_layout(first, layout)
     if second:
-        print(f"checkpoint {second['size']}: {second['n_params'] / 1e6:.0f}M parameters: ours "
-              f"{second['ours']['total_s']:.1f} s, peak RSS {second['ours']['peak_rss_bytes'] / 1e6:.0f} MB, "
-              f"rel. error {second['ours']['rel_error']:.4f}")
+        mem = second["layouts"]["tq2_0"]["ours"]
+        print(f"checkpoint {second['size']}: {second['n_params'] / 1e6:.0f}M parameters: ours (tq2_0) "
+              f"{mem['total_s']:.1f} s, peak RSS {mem['peak_rss_bytes'] / 1e6:.0f} MB, "
+              f"rel. error {mem['rel_error']:.4f}")
 
 
-def _print_runs(first: dict[str, Any]) -> None:
-    for side in ("ours", "llama"):
-        if side in first and "runs_s" in first[side]:
-            result = first[side]
-            runs = ", ".join(f"{t:.2f}" for t in result["runs_s"])
-            print(f"{side} at {first['size']}: median {result['total_s']:.2f} s of "
-                  f"{len(result['runs_s'])} runs ({runs}; spread {result['spread_s']:.2f} s)")
+def _ratios(first: dict[str, Any], layout: str) -> str:
+    row = first["layouts"].get(layout)
+    if row is None or "llama" not in row:
+        return "time_ratio=nan error_ratio=nan"
+    time_ratio = row["ours"]["total_s"] / row["llama"]["total_s"]
+    error_ratio = row["ours"]["rel_error"] / row["llama"]["rel_error"]
+    return f"time_ratio={time_ratio:.3f} error_ratio={error_ratio:.3f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -371,34 +402,42 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--sizes", default="0.5b,2b", help="comparison size, then the memory-check size")
+    parser.add_argument("--types", default="tq2_0,q2_0,q2_0_l4,q1_0",
+                        help=f"layouts to compare, from {', '.join(LAYOUTS)}")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="time each side this many times, alternately, and keep the fastest")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
-    parser.add_argument("--runs", type=int, default=_RUNS, help="timed runs per side; the median is reported")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        kind, *rest = args.child
-        result = child_ours(*map(Path, rest)) if kind == "ours" else child_llama(*map(Path, rest))
+        kind, layout, *rest = args.child
+        paths = [Path(p) for p in rest]
+        result = child_ours(*paths, layout=layout) if kind == "ours" else child_llama(*paths, layout=layout)
         print(json.dumps(result))
         return 0
-    _set_runs(args.runs)
     sizes = args.sizes.split(",")
+    layouts = args.types.split(",")
+    unknown = sorted(set(layouts) - set(LAYOUTS))
+    if unknown:
+        parser.error(f"unknown layouts {unknown}; expected some of {', '.join(LAYOUTS)}")
     load_before = os.getloadavg()
     root = Path(tempfile.mkdtemp(prefix="bench-decompose-", dir=args.workdir))
     try:
-        first = _bench_size(sizes[0], root, with_llama=True)
-        second = _bench_size(sizes[1], root, with_llama=False) if len(sizes) > 1 else None
+        first = _bench_size(sizes[0], root, layouts, args.repeat)
+        second = _bench_size(sizes[1], root, None) if len(sizes) > 1 else None
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     _print_table(first, second)
-    _print_runs(first)
     print("load average (1, 5, 15 min): before " + " ".join(f"{x:.2f}" for x in load_before)
           + ", after " + " ".join(f"{x:.2f}" for x in os.getloadavg()) + f" on {os.cpu_count()} cores")
-    time_ratio = first["ours"]["total_s"] / first["llama"]["total_s"]
-    error_ratio = first["ours"]["rel_error"] / first["llama"]["rel_error"]
-    growth = second["ours"]["peak_rss_bytes"] / first["ours"]["peak_rss_bytes"] if second else float("nan")
-    print(f"time_ratio={time_ratio:.3f} error_ratio={error_ratio:.3f} rss_growth={growth:.3f}")
+    growth = float("nan")
+    if second and "tq2_0" in first["layouts"]:
+        growth = (second["layouts"]["tq2_0"]["ours"]["peak_rss_bytes"]
+                  / first["layouts"]["tq2_0"]["ours"]["peak_rss_bytes"])
+    print(f"{_ratios(first, 'tq2_0')} rss_growth={growth:.3f} q2_0: {_ratios(first, 'q2_0')} "
+          f"q1_0: {_ratios(first, 'q1_0')}")
     return 0
 
 

@@ -11,8 +11,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from bench.noop_stages import Params, cache_identity, make_params
+from pipeline.core.files import sha256_file
 from pipeline.stages import decompose
-from pipeline.stages.base import InputFile, JobSpec, StageResult, sha256_file
+from pipeline.stages.base import InputFile, JobSpec, StageResult
 
 NAME = "decompose"
 VERSION = "scaling-1"

@@ -28,6 +28,7 @@ from pipeline.ternary.fit import (
     fit_optimal_stats,
     refine_irls,
 )
+from pipeline.ternary.packed import PackedMatrix
 
 __all__ = [
     "METHODS",
@@ -209,27 +210,6 @@ def decompose_matrix(
     )
 
 
-@dataclass(frozen=True)
-class PackedMatrix:
-    """Result of `decompose_packed`: GGML bytes plus `DecomposedMatrix`'s statistics.
-
-    ``raw``: uint8 ``[n_bytes]`` in ``ggml_type``'s block layout (a view of the caller's ``out``
-    buffer when one was given); ``backend``: "kernel" (compiled CPU pass) or "torch".
-    """
-
-    raw: npt.NDArray[np.uint8]
-    ggml_type: str
-    method: str
-    backend: str
-    rel_error: float
-    absmean_rel_error: float
-    sparsity: float
-    sq_error: float
-    absmean_sq_error: float
-    sq_norm: float
-    n_zero: int
-
-
 def _uses_kernel(
     w: torch.Tensor,
     method: str,
@@ -252,8 +232,12 @@ def decompose_packed(
     irls_iters: int = 0,
     device: torch.device | str | None = None,
     out: npt.NDArray[np.uint8] | None = None,
+    levels: int = 3,
 ) -> PackedMatrix:
     """`decompose_matrix` then `pack.pack_ternary` into ``ggml_type`` (TQ2_0 or TQ1_0) bytes.
+
+    Q2_0 and Q1_0 (llama.cpp's Bonsai layouts) go to `decompose_bonsai.decompose_bonsai_packed`,
+    which takes ``levels`` (3 or 4, Q2_0) and no IRLS (its optimal fit is exact).
 
     On the CPU the default recipe runs as one compiled pass per block (`kernel.fit_pack`,
     bfloat16 weights read as stored); anything else (importance, IRLS, absmean/absmax, CUDA)
@@ -262,8 +246,14 @@ def decompose_packed(
     Raises ValueError like `decompose_matrix`, and for a type that is not ternary.
     """
     from pipeline.ternary import kernel
-    from pipeline.ternary.pack import pack_ternary
+    from pipeline.ternary.pack import BONSAI_TYPES, pack_ternary
 
+    if ggml_type in BONSAI_TYPES:
+        from pipeline.ternary.decompose_bonsai import decompose_bonsai_packed
+
+        if irls_iters:
+            raise ValueError(f"irls_iters={irls_iters} does not apply to {ggml_type}: its fit is exact")
+        return decompose_bonsai_packed(w, ggml_type, method, levels, importance, device, out)
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
     if w.dim() != 2:

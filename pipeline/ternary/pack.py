@@ -22,12 +22,16 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
+
+from pipeline.formats.gguf.types import block_geometry
+from pipeline.ternary import pack_bonsai
 
 __all__ = [
     "QK_K",
     "TERNARY_TYPES",
+    "BONSAI_TYPES",
     "PLAIN_TYPES",
     "bits_per_weight",
     "tensor_nbytes",
@@ -43,6 +47,7 @@ __all__ = [
 
 QK_K = 256
 TERNARY_TYPES = ("TQ2_0", "TQ1_0")
+BONSAI_TYPES = ("Q2_0", "Q1_0")  # llama.cpp's Bonsai types: `pack_bonsai`
 PLAIN_TYPES = ("F32", "F16", "BF16", "Q8_0")
 _TQ2_BYTES = 66
 _TQ1_BYTES = 54
@@ -61,15 +66,22 @@ def _qtype(ggml_type: str) -> GGMLQuantizationType:
         raise ValueError(f"unknown ggml type {ggml_type!r}") from exc
 
 
+def _geometry(ggml_type: str) -> tuple[int, int]:
+    try:
+        return block_geometry(ggml_type)
+    except ValueError as exc:
+        raise ValueError(f"unknown ggml type {ggml_type!r}") from exc
+
+
 def bits_per_weight(ggml_type: str) -> float:
-    """Storage bits per weight of a ggml type (TQ2_0 2.0625, TQ1_0 1.6875, Q8_0 8.5, F16 16, F32 32)."""
-    block, type_bytes = GGML_QUANT_SIZES[_qtype(ggml_type)]
+    """Storage bits per weight of a ggml type (TQ2_0 2.0625, Q2_0 2.25, Q1_0 1.125, Q8_0 8.5, F16 16)."""
+    block, type_bytes = _geometry(ggml_type)
     return type_bytes * 8 / block
 
 
 def tensor_nbytes(ggml_type: str, shape: tuple[int, ...]) -> int:
     """Bytes a tensor of torch ``shape`` takes in ``ggml_type``; ValueError if rows do not fit its blocks."""
-    block, type_bytes = GGML_QUANT_SIZES[_qtype(ggml_type)]
+    block, type_bytes = _geometry(ggml_type)
     cols = shape[-1] if shape else 1
     if cols % block != 0:
         raise ValueError(f"row length {cols} is not a multiple of the {ggml_type} block size {block}")
@@ -152,23 +164,31 @@ def unpack_tq1_0(raw: npt.ArrayLike) -> tuple[npt.NDArray[np.int8], npt.NDArray[
 
 def pack_ternary(ggml_type: str, codes: npt.ArrayLike | torch.Tensor,
                  scales: npt.ArrayLike | torch.Tensor) -> U8Array:
-    """`pack_tq2_0` or `pack_tq1_0` by type name."""
+    """`pack_tq2_0`, `pack_tq1_0`, `pack_bonsai.pack_q2_0` or `pack_bonsai.pack_q1_0` by type name."""
     if ggml_type == "TQ2_0":
         return pack_tq2_0(codes, scales)
     if ggml_type == "TQ1_0":
         return pack_tq1_0(codes, scales)
-    raise ValueError(f"{ggml_type!r} is not a ternary type; expected one of {TERNARY_TYPES}")
+    if ggml_type == "Q2_0":
+        return pack_bonsai.pack_q2_0(codes, scales)
+    if ggml_type == "Q1_0":
+        return pack_bonsai.pack_q1_0(codes, scales)
+    raise ValueError(f"{ggml_type!r} is not a ternary type; expected one of {TERNARY_TYPES + BONSAI_TYPES}")
 
 
 def unpack_ternary(
     ggml_type: str, raw: npt.ArrayLike
 ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]:
-    """`unpack_tq2_0` or `unpack_tq1_0` by type name."""
+    """`unpack_tq2_0`, `unpack_tq1_0`, `pack_bonsai.unpack_q2_0` or `pack_bonsai.unpack_q1_0` by type name."""
     if ggml_type == "TQ2_0":
         return unpack_tq2_0(raw)
     if ggml_type == "TQ1_0":
         return unpack_tq1_0(raw)
-    raise ValueError(f"{ggml_type!r} is not a ternary type; expected one of {TERNARY_TYPES}")
+    if ggml_type == "Q2_0":
+        return pack_bonsai.unpack_q2_0(raw)
+    if ggml_type == "Q1_0":
+        return pack_bonsai.unpack_q1_0(raw)
+    raise ValueError(f"{ggml_type!r} is not a ternary type; expected one of {TERNARY_TYPES + BONSAI_TYPES}")
 
 
 def encode_plain(values: npt.ArrayLike | torch.Tensor, ggml_type: str) -> U8Array:
@@ -204,6 +224,10 @@ def decode_bytes(raw: npt.ArrayLike, ggml_type: str, shape: tuple[int, ...]) -> 
         out = data.view("<f4").astype(np.float32)
     elif ggml_type == "F16":
         out = data.view("<f2").astype(np.float32)
+    elif ggml_type == "Q2_0":  # gguf-py has no maths for the Bonsai types
+        out = pack_bonsai.dequantize_q2_0(data)
+    elif ggml_type == "Q1_0":
+        out = pack_bonsai.dequantize_q1_0(data)
     else:
         out = gguf_quants.dequantize(data.reshape(-1), _qtype(ggml_type)).astype(np.float32)
     return out.reshape(shape)

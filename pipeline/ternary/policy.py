@@ -2,8 +2,10 @@
 
 A policy is a function of a tensor's GGUF name, its torch shape ``[rows, cols]`` and the
 recipe: `decide`. Every decision carries a reason naming the tensor; a tensor that the
-recipe would have liked ternary but cannot be (rows not a multiple of 256, an unknown
-2-D tensor) is a *fallback* and the report lists it. Nothing falls back silently.
+recipe would have liked ternary but cannot be (rows not a multiple of the type's block:
+256 for TQ2_0/TQ1_0, 64 for Q2_0, 128 for Q1_0; an unknown 2-D tensor) is a *fallback* and
+the report lists it. Nothing falls back silently. ``is_ternary`` marks every fitted low-bit
+tensor, Q1_0's binary ones included.
 
 Example::
 
@@ -22,7 +24,8 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from pipeline.core.errors import InputError
-from pipeline.ternary.pack import QK_K
+from pipeline.formats.gguf.types import block_geometry
+from pipeline.ternary.decompose_bonsai import METHODS as BONSAI_METHODS
 
 __all__ = ["Recipe", "TensorDecision", "RECIPES", "LINEAR_KINDS", "get_recipe", "decide"]
 
@@ -40,8 +43,11 @@ _Q8_0_BLOCK = 32
 class Recipe:
     """A named set of policy knobs.
 
-    ``ternary_type``: TQ2_0 (2.0625 bpw) or TQ1_0 (1.6875 bpw). ``method``: the per-block fit.
-    ``irls_iters``: refinement passes after the fit (0 = none). ``embed_type`` / ``output_type``:
+    ``ternary_type``: TQ2_0 (2.0625 bpw), TQ1_0 (1.6875 bpw), Q2_0 (2.25 bpw, groups of 64) or
+    Q1_0 (binary, 1.125 bpw, groups of 128). ``method``: the per-block fit. ``irls_iters``:
+    refinement passes after the fit (0 = none; TQ recipes only, the Q fits are exact).
+    ``levels``: Q2_0 only: 3 = ternary codes (ternary Bonsai), 4 = also code +2 with a signed
+    scale (the grid {-1,0,1,2}·d or its mirror). ``embed_type`` / ``output_type``:
     storage of ``token_embd.weight`` / ``output.weight``. ``fallback_type``: what an ineligible
     2-D tensor is kept as.
     """
@@ -50,6 +56,7 @@ class Recipe:
     ternary_type: str
     method: str = "optimal"
     irls_iters: int = 0
+    levels: int = 3
     embed_type: str = "F16"
     output_type: str = "F16"
     fallback_type: str = "F16"
@@ -68,7 +75,10 @@ class TensorDecision:
 RECIPES: dict[str, Recipe] = {
     "tq2_0": Recipe(name="tq2_0", ternary_type="TQ2_0"),
     "tq1_0": Recipe(name="tq1_0", ternary_type="TQ1_0"),
+    "q2_0": Recipe(name="q2_0", ternary_type="Q2_0"),
+    "q1_0": Recipe(name="q1_0", ternary_type="Q1_0"),
 }
+_LEVELS_RECIPES = ("q2_0",)
 
 _ALLOWED: dict[str, tuple[Any, ...]] = {
     "method": _METHODS,
@@ -95,6 +105,20 @@ def get_recipe(name: str, options: Mapping[str, Any] | None = None) -> Recipe:
         if key == "irls_iters":
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 100:
                 raise InputError(f"recipe option irls_iters={value!r}; expected an integer from 0 to 100")
+            if value and recipe.ternary_type in BONSAI_METHODS:
+                raise InputError(f"recipe option irls_iters={value!r} does not apply to recipe {name!r}: "
+                                 "its optimal fit is already exact; leave irls_iters at 0")
+        elif key == "levels":
+            if name not in _LEVELS_RECIPES:
+                raise InputError(f"recipe option levels={value!r} applies to recipe q2_0 only, not {name!r}; "
+                                 "remove it")
+            if value not in (3, 4) or isinstance(value, bool):
+                raise InputError(f"recipe option levels={value!r}; expected 3 (ternary) or 4 (adds code +2)")
+        elif key == "method" and recipe.ternary_type in BONSAI_METHODS:
+            allowed = BONSAI_METHODS[recipe.ternary_type]
+            if value not in allowed:
+                raise InputError(f"recipe option method={value!r} for recipe {name!r}; expected one of "
+                                 f"{', '.join(allowed)}")
         elif value not in _ALLOWED[key]:
             raise InputError(f"recipe option {key}={value!r}; expected one of {', '.join(_ALLOWED[key])}")
         changes[key] = value
@@ -138,13 +162,18 @@ def decide(gguf_name: str, shape: tuple[int, ...], recipe: Recipe) -> TensorDeci
             f"kept as {fallback}", is_fallback=True,
         )
     rows, cols = shape
-    if cols % QK_K or cols == 0:
+    block_size, _ = block_geometry(tq)
+    if cols % block_size or cols == 0:
         return TensorDecision(
             fallback, False,
-            f"{gguf_name}: row length {cols} is not a multiple of {QK_K} ({tq} block size); "
+            f"{gguf_name}: row length {cols} is not a multiple of {block_size} ({tq} block size); "
             f"kept as {fallback}",
             is_fallback=True,
         )
-    return TensorDecision(
-        tq, True, f"{gguf_name}: linear weight [{rows}, {cols}] -> {tq} ({recipe.method} fit)"
-    )
+    fit = f"{recipe.method} fit, {recipe.levels} levels" if _has_levels(recipe) else f"{recipe.method} fit"
+    return TensorDecision(tq, True, f"{gguf_name}: linear weight [{rows}, {cols}] -> {tq} ({fit})")
+
+
+def _has_levels(recipe: Recipe) -> bool:
+    """True when the recipe's ``levels`` knob applies (the q2_0 recipe)."""
+    return recipe.name in _LEVELS_RECIPES

@@ -43,6 +43,7 @@ LONG_FILES = {
     # numba caches compiled code per source file: the kernel and the LLVM intrinsics it inlines
     # must share one file, or a change to the intrinsics would run stale cached machine code.
     "pipeline/ternary/_kernel_impl.py": 700,
+    "pipeline/ternary/_kernel_bonsai_impl.py": 700,
 }
 MAX_LINES = 400
 

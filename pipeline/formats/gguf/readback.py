@@ -25,6 +25,7 @@ import gguf
 from pipeline.core.errors import IntegrityError
 from pipeline.formats.gguf.keys import General
 from pipeline.formats.gguf.reader import GGUFFile
+from pipeline.formats.gguf.types import GGMLType, block_geometry, ggml_type_from_id
 
 __all__ = ["GGUFSummary", "inspect_gguf", "read_metadata"]
 
@@ -93,8 +94,8 @@ def read_metadata(path: Path, keys: tuple[str, ...]) -> dict[str, Any]:
 
 def _check_tensor(tensor: Any, size_bytes: int, name: str) -> tuple[int, ...]:
     shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # GGML ne order -> torch order
-    qtype = gguf.GGMLQuantizationType(tensor.tensor_type)
-    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    qtype = tensor.tensor_type
+    block_size, type_size = block_geometry(qtype)
     if not shape or shape[-1] % block_size:
         raise IntegrityError(
             f"{name}: tensor {tensor.name!r} shape {list(shape)} does not fit {qtype.name} blocks"
@@ -111,7 +112,7 @@ def _check_tensor(tensor: Any, size_bytes: int, name: str) -> tuple[int, ...]:
 
 
 def _compare(
-    expected: Mapping[str, tuple[gguf.GGMLQuantizationType, tuple[int, ...]]],
+    expected: Mapping[str, tuple[GGMLType, tuple[int, ...]]],
     types: Mapping[str, str],
     shapes: Mapping[str, tuple[int, ...]],
     name: str,
@@ -121,16 +122,17 @@ def _compare(
     if missing or extra:
         raise IntegrityError(f"{name}: tensors missing {missing[:5]}, unexpected {extra[:5]}")
     for tensor_name, (qtype, shape) in expected.items():
-        if types[tensor_name] != gguf.GGMLQuantizationType(qtype).name or shapes[tensor_name] != tuple(shape):
+        intended = ggml_type_from_id(int(qtype)).name
+        if types[tensor_name] != intended or shapes[tensor_name] != tuple(shape):
             raise IntegrityError(
                 f"{name}: tensor {tensor_name!r} is {types[tensor_name]} {list(shapes[tensor_name])}; "
-                f"intended {gguf.GGMLQuantizationType(qtype).name} {list(shape)}"
+                f"intended {intended} {list(shape)}"
             )
 
 
 def inspect_gguf(
     path: Path,
-    expected: Mapping[str, tuple[gguf.GGMLQuantizationType, tuple[int, ...]]] | None = None,
+    expected: Mapping[str, tuple[GGMLType, tuple[int, ...]]] | None = None,
 ) -> GGUFSummary:
     """Check a GGUF file's structure and summarise it.
 
@@ -147,7 +149,7 @@ def inspect_gguf(
         if tensor.name in types:
             raise IntegrityError(f"{path.name}: tensor {tensor.name!r} appears twice")
         shapes[tensor.name] = _check_tensor(tensor, size_bytes, path.name)
-        types[tensor.name] = gguf.GGMLQuantizationType(tensor.tensor_type).name
+        types[tensor.name] = tensor.tensor_type.name
         n_params += int(tensor.n_elements)
         tensor_bytes += int(tensor.n_bytes)
     if expected is not None:

@@ -35,6 +35,7 @@ import gguf
 import numpy as np
 
 from pipeline.core.errors import IntegrityError
+from pipeline.formats.gguf.types import GGMLType, block_geometry, ggml_type_from_id
 from pipeline.formats.gguf.writer import Typed
 
 __all__ = ["GGUFFile", "GGUFField", "GGUFTensor"]
@@ -55,7 +56,7 @@ _SCALAR_DTYPES: Mapping[_VT, str] = {
     _VT.FLOAT64: "<f8",
 }
 # Plain tensor types GGUFReader exposes as typed arrays; the others come as uint8 block bytes.
-_PLAIN_TENSOR_DTYPES: Mapping[gguf.GGMLQuantizationType, Any] = {
+_PLAIN_TENSOR_DTYPES: Mapping[GGMLType, Any] = {
     gguf.GGMLQuantizationType.F16: np.float16,
     gguf.GGMLQuantizationType.F32: np.float32,
     gguf.GGMLQuantizationType.F64: np.float64,
@@ -110,7 +111,7 @@ class GGUFTensor:
     """One tensor: ``shape`` in ggml order (fastest dimension first), ``data`` a read-only view."""
 
     name: str
-    tensor_type: gguf.GGMLQuantizationType
+    tensor_type: GGMLType
     shape: np.ndarray[Any, Any]
     n_elements: int
     n_bytes: int
@@ -190,9 +191,9 @@ class GGUFFile:
                 raise IntegrityError(f"{label}: tensor {name!r} appears twice")
             seen.add(name)
             try:
-                qtype = gguf.GGMLQuantizationType(raw_type)
-                block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
-            except (ValueError, KeyError) as exc:
+                qtype = ggml_type_from_id(raw_type)
+                block_size, type_size = block_geometry(qtype)
+            except ValueError as exc:
                 raise IntegrityError(f"{label}: tensor {name!r} has unknown ggml type {raw_type}") from exc
             n_elements = math.prod(dims)  # Python ints: crafted dimensions must not wrap around
             if not dims or dims[0] % block_size:

@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import gguf
 import numpy as np
@@ -30,6 +30,14 @@ import numpy as np
 from pipeline.core.errors import InputError, IntegrityError
 from pipeline.core.files import atomic_path
 from pipeline.formats.gguf.keys import LLM, Attention, General, Rope, arch_key
+from pipeline.formats.gguf.types import (
+    BONSAI_TYPES,
+    FileType,
+    GGMLType,
+    block_geometry,
+    file_type_of,
+    ggml_type,
+)
 from pipeline.formats.rawio import copy_range
 
 __all__ = [
@@ -44,13 +52,15 @@ __all__ = [
 ]
 
 # Which file_type to advertise, by the lowest-precision tensor type present (the
-# "mostly" in llama.cpp's names): ternary wins over Q8_0 over F16 over F32.
+# "mostly" in llama.cpp's names): binary and ternary win over Q8_0 over F16 over F32.
 # Rope kinds written as-is; "llama3" adds the rope_freqs tensor (see llama3_rope_factors).
 _ROPE_KINDS = frozenset({"default", "linear", "llama3"})
 
-_FILE_TYPE_BY_TYPE: tuple[tuple[gguf.GGMLQuantizationType, gguf.LlamaFileType], ...] = (
+_FILE_TYPE_BY_TYPE: tuple[tuple[GGMLType, FileType], ...] = (
+    (ggml_type("Q1_0"), file_type_of(BONSAI_TYPES["Q1_0"].file_type_name)),
     (gguf.GGMLQuantizationType.TQ1_0, gguf.LlamaFileType.MOSTLY_TQ1_0),
     (gguf.GGMLQuantizationType.TQ2_0, gguf.LlamaFileType.MOSTLY_TQ2_0),
+    (ggml_type("Q2_0"), file_type_of(BONSAI_TYPES["Q2_0"].file_type_name)),
     (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
     (gguf.GGMLQuantizationType.BF16, gguf.LlamaFileType.MOSTLY_BF16),
     (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16),
@@ -69,7 +79,7 @@ class TensorToWrite:
     """
 
     name: str
-    ggml_type: gguf.GGMLQuantizationType
+    ggml_type: GGMLType
     shape: tuple[int, ...]
     load: Callable[[], np.ndarray[Any, Any]]
     file_range: tuple[Path, int] | None = None
@@ -94,9 +104,9 @@ class WrittenGGUF:
     types: Mapping[str, int]
 
 
-def tensor_nbytes(ggml_type: gguf.GGMLQuantizationType, shape: Sequence[int]) -> int:
+def tensor_nbytes(ggml_type: GGMLType, shape: Sequence[int]) -> int:
     """Bytes of a tensor of `shape` (torch order) in `ggml_type`; InputError if rows do not fit blocks."""
-    block_size, type_size = gguf.GGML_QUANT_SIZES[ggml_type]
+    block_size, type_size = block_geometry(ggml_type)
     if not shape or shape[-1] % block_size:
         raise InputError(
             f"shape {list(shape)} cannot be stored as {ggml_type.name}: the last dimension must be a "
@@ -106,11 +116,11 @@ def tensor_nbytes(ggml_type: gguf.GGMLQuantizationType, shape: Sequence[int]) ->
     return n_elements // block_size * type_size
 
 
-def file_type_for(types: Iterable[gguf.GGMLQuantizationType]) -> gguf.LlamaFileType:
+def file_type_for(types: Iterable[GGMLType]) -> FileType:
     """The `general.file_type` describing a file holding these tensor types."""
     present = set(types)
-    for ggml_type, file_type in _FILE_TYPE_BY_TYPE:
-        if ggml_type in present:
+    for qtype, file_type in _FILE_TYPE_BY_TYPE:
+        if qtype in present:
             return file_type
     raise InputError(f"no file type describes tensor types {sorted(t.name for t in present)}")
 
@@ -123,7 +133,7 @@ def _config_number(config: Mapping[str, Any], key: str, default: Any = None) -> 
 
 
 def llama_metadata(
-    config: Mapping[str, Any], file_type: gguf.LlamaFileType, arch: str = "llama"
+    config: Mapping[str, Any], file_type: FileType, arch: str = "llama"
 ) -> dict[str, Any]:
     """`arch`'s hyperparameter keys from an HF config.json, as llama.cpp's loader expects them.
 
@@ -300,7 +310,8 @@ def _write(tmp: Path, arch: str, metadata: Mapping[str, Any], tensors: Sequence[
                 item.shape,
                 np.dtype(np.float32),
                 tensor_nbytes(item.ggml_type, item.shape),
-                raw_dtype=item.ggml_type,
+                # gguf-py packs the raw type as its integer id: a type it lacks (Q2_0) works too.
+                raw_dtype=cast(gguf.GGMLQuantizationType, item.ggml_type),
             )
         writer.write_header_to_file(tmp)
         writer.write_kv_data_to_file()

@@ -57,7 +57,7 @@ def merge_part_reports(part_reports: Sequence[Path], shards: Sequence[str], work
     reports = [json.loads(path.read_text(encoding="utf-8")) for path in part_reports]
     if not reports:
         raise IntegrityError("no shard reports to merge")
-    keys = ("recipe", "ternary_type", "method", "irls_iters")
+    keys = ("recipe", "ternary_type", "method", "irls_iters", "levels")
     recipes = {tuple(report.get(key) for key in keys) for report in reports}
     if len(recipes) != 1:
         raise IntegrityError(f"shard reports disagree on the recipe: {sorted(map(str, recipes))}")

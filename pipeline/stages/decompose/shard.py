@@ -30,7 +30,7 @@ from pipeline.ternary.report import TensorReport
 __all__ = ["PART_TYPES", "read_part_index", "decompose_shard"]
 
 # Types a part may carry: what llama.cpp runs and the policy may choose.
-PART_TYPES = ("TQ2_0", "TQ1_0", "F16", "BF16", "F32", "Q8_0")
+PART_TYPES = ("TQ2_0", "TQ1_0", "Q2_0", "Q1_0", "F16", "BF16", "F32", "Q8_0")
 _VERIFY_TOLERANCE = 1e-3  # relative slack between torch's error and numpy's dequantized error
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def _encode(
     if decision.is_ternary:
         try:
             result = decompose_packed(weight, decision.ggml_type, recipe.method, irls_iters=recipe.irls_iters,
-                                      device=device, out=out)
+                                      device=device, out=out, levels=recipe.levels)
         except ValueError as exc:
             raise InputError(f"{name}: cannot decompose into {decision.ggml_type}: {exc}") from exc
         raw = result.raw

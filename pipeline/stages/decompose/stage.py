@@ -155,7 +155,8 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
     elapsed_s = time.monotonic() - started
     header = {
         "format": "decompose-report/1", "recipe": recipe.name, "ternary_type": recipe.ternary_type,
-        "method": recipe.method, "irls_iters": recipe.irls_iters, "device": str(device),
+        "method": recipe.method, "irls_iters": recipe.irls_iters, "levels": recipe.levels,
+        "device": str(device),
         "fit_backend": _fit_backend(recipe, device),
         "shards": selected, "elapsed_s": round(elapsed_s, 3), "peak_rss_bytes": _peak_rss_bytes(),
         "source_format": card.format, "source_types": dict(card.dtypes),

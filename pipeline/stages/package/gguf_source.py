@@ -18,12 +18,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import gguf
-
 from pipeline.core.errors import InputError, IntegrityError
 from pipeline.formats.gguf.keys import General
 from pipeline.formats.gguf.readback import inspect_gguf
 from pipeline.formats.gguf.tensor_source import source_metadata
+from pipeline.formats.gguf.types import file_type_name, ggml_type
 from pipeline.formats.gguf.writer import TensorToWrite, file_type_for, write_gguf
 from pipeline.formats.model_card import ModelCard
 from pipeline.stages.base import InputFile, OutputFile, StageResult
@@ -39,7 +38,7 @@ def _metadata(params: Params, copied: Mapping[str, Any], types: set[str], card_s
     meta: dict[str, Any] = dict(copied)
     # The source's own name ("Gemma 3 270m") says more than a file name; keep it when present.
     meta.setdefault(General.NAME, params.model_name)
-    meta[General.FILE_TYPE] = int(file_type_for(gguf.GGMLQuantizationType[t] for t in types))
+    meta[General.FILE_TYPE] = int(file_type_for(ggml_type(t) for t in types))
     meta[General.QUANTIZATION_VERSION] = GGML_QUANT_VERSION
     meta.update(provenance_keys(params, card_sha256))
     return meta
@@ -74,7 +73,7 @@ def package_gguf_source(
     types = {t.ggml_type for t in ordered}
     meta = _metadata(params, copied, types, card_file.sha256 if card_file else "")
     to_write = [
-        TensorToWrite(t.gguf_name, gguf.GGMLQuantizationType[t.ggml_type], t.shape, t.loader())
+        TensorToWrite(t.gguf_name, ggml_type(t.ggml_type), t.shape, t.loader())
         for t in ordered
     ]
     dest = workdir / OUTPUT_NAME
@@ -98,7 +97,7 @@ def package_gguf_source(
         "types": dict(summary.types),
         "n_params": summary.n_params,
         "bits_per_weight": round(summary.bits_per_weight, 4),
-        "file_type": gguf.LlamaFileType(meta[General.FILE_TYPE]).name,
+        "file_type": file_type_name(meta[General.FILE_TYPE]),
         "source_format": "gguf",
         "source_types": dict(sorted(source_types.items())),
         "source_file_type": card.file_type,

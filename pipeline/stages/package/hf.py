@@ -17,6 +17,7 @@ import gguf
 
 from pipeline.formats.gguf.keys import General
 from pipeline.formats.gguf.readback import inspect_gguf
+from pipeline.formats.gguf.types import file_type_name, ggml_type
 from pipeline.formats.gguf.writer import (
     TensorToWrite,
     file_type_for,
@@ -42,7 +43,7 @@ _TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json"
 
 def _metadata(params: Params, config: Mapping[str, Any], vocab_meta: Mapping[str, Any], types: set[str],
               card_sha256: str, arch: str) -> dict[str, Any]:
-    file_type = file_type_for(gguf.GGMLQuantizationType[t] for t in types)
+    file_type = file_type_for(ggml_type(t) for t in types)
     meta: dict[str, Any] = {General.NAME: params.model_name}
     meta.update(llama_metadata(config, file_type, arch))
     meta[General.QUANTIZATION_VERSION] = GGML_QUANT_VERSION
@@ -75,7 +76,7 @@ def package_hf_source(
     arch = arch_spec(card).gguf_name
     meta = _metadata(params, config, vocab.metadata(), types, card_file.sha256 if card_file else "", arch)
     to_write = [
-        TensorToWrite(t.gguf_name, gguf.GGMLQuantizationType[t.ggml_type], t.shape, t.loader(), t.file_range)
+        TensorToWrite(t.gguf_name, ggml_type(t.ggml_type), t.shape, t.loader(), t.file_range)
         for t in ordered
     ]
     to_write += _generated_tensors(config)
@@ -91,7 +92,7 @@ def package_hf_source(
         "types": dict(summary.types),
         "n_params": summary.n_params,
         "bits_per_weight": round(summary.bits_per_weight, 4),
-        "file_type": gguf.LlamaFileType(meta[General.FILE_TYPE]).name,
+        "file_type": file_type_name(meta[General.FILE_TYPE]),
         "tokenizer_model": vocab.model,
         "tokenizer_pre": vocab.pre,
     }

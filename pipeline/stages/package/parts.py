@@ -24,7 +24,7 @@ __all__ = ["PART_NAME", "PART_TYPES", "PartTensor", "collect_parts", "match_plan
 
 PART_NAME = re.compile(r"^ternary/part-\d{5}\.safetensors$")
 # Types a part may carry: what llama.cpp runs and the policy may choose.
-PART_TYPES = ("TQ2_0", "TQ1_0", "F16", "BF16", "F32", "Q8_0")
+PART_TYPES = ("TQ2_0", "TQ1_0", "Q2_0", "Q1_0", "F16", "BF16", "F32", "Q8_0")
 _VERIFY_CHUNK_BYTES = 4 << 20
 
 

@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import gguf
 import numpy as np
 
 from pipeline.formats.gguf.readback import GGUFSummary
 from pipeline.formats.gguf.reader import GGUFFile
+from pipeline.formats.gguf.types import block_geometry
 from pipeline.stages.validate.judge import Check
 
 __all__ = [
@@ -30,7 +30,8 @@ __all__ = [
 _LINEAR = re.compile(
     r"^blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|attn_qkv|ffn_gate|ffn_up|ffn_down)\.weight$"
 )
-_TERNARY_TYPES = ("TQ1_0", "TQ2_0")
+_TERNARY_TYPES = ("TQ1_0", "TQ2_0", "Q2_0")  # sparsity applies to these
+_LOW_BIT_TYPES = (*_TERNARY_TYPES, "Q1_0")  # fitted types, Q1_0's binary one included
 _BPW_PASS_REL = 0.01  # linear weights within 1% of the expected rate
 _BPW_WARN_REL = 0.25  # within 25%: close; beyond: the recipe was not applied
 _SPARSITY_SAMPLE_ROWS = 64  # rows per tensor decoded to measure sparsity from the file itself
@@ -40,6 +41,8 @@ _MAX_FALLBACKS_LISTED = 200
 
 def sampled_sparsity(path: Path) -> tuple[float | None, int]:
     """Fraction of zero weights in the file's ternary tensors (sampled rows), and their count."""
+    from pipeline.ternary.pack import decode_bytes  # torch: only where sparsity is measured
+
     zeros = total = n_tensors = 0
     for tensor in GGUFFile(path).tensors:
         if tensor.tensor_type.name not in _TERNARY_TYPES:
@@ -48,7 +51,7 @@ def sampled_sparsity(path: Path) -> tuple[float | None, int]:
         data = np.asarray(tensor.data)
         rows = data.reshape(-1, data.shape[-1]) if data.ndim > 1 else data.reshape(1, -1)
         pick = np.linspace(0, rows.shape[0] - 1, min(rows.shape[0], _SPARSITY_SAMPLE_ROWS)).astype(np.int64)
-        values = gguf.quants.dequantize(np.ascontiguousarray(rows[pick]), tensor.tensor_type)
+        values = decode_bytes(np.ascontiguousarray(rows[pick]), tensor.tensor_type.name, (-1,))
         zeros += int(np.count_nonzero(values == 0))
         total += int(values.size)
     return (zeros / total if total else None), n_tensors
@@ -94,7 +97,7 @@ def recipe_ternary_type(recipe: str, report: Mapping[str, Any] | None) -> str | 
 
 
 def _type_bpw(type_name: str) -> float:
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
+    block, size = block_geometry(type_name)
     return size * 8 / block
 
 
@@ -110,7 +113,7 @@ def _linear_bpw(shapes: Mapping[str, tuple[int, ...]], types: Mapping[str, str])
     linear = [n for n in types if _LINEAR.match(n) and n in shapes]
     n_params = sum(_numel(shapes[n]) for n in linear)
     n_bits = sum(_numel(shapes[n]) * _type_bpw(types[n]) for n in linear)
-    n_ternary = sum(_numel(shapes[n]) for n in linear if types[n] in _TERNARY_TYPES)
+    n_ternary = sum(_numel(shapes[n]) for n in linear if types[n] in _LOW_BIT_TYPES)
     return (n_bits / n_params if n_params else 0.0), n_params, n_ternary
 
 
