@@ -19,7 +19,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +30,7 @@ import numpy as np
 from pipeline.core.errors import InputError, IntegrityError
 from pipeline.formats.gguf.keys import Bonsai, General
 from pipeline.formats.gguf.reader import GGUFFile
+from pipeline.formats.gguf.types import BONSAI_TYPES
 from pipeline.formats.gguf.writer import Typed
 from pipeline.formats.model_card import ModelCard
 from pipeline.formats.plan import PlannedTensor
@@ -83,6 +84,12 @@ def dequantizable_types() -> frozenset[str]:
     return frozenset(names)
 
 
+def source_types() -> frozenset[str]:
+    """Types a GGUF source may hold: what gguf can dequantize, plus the Bonsai block types
+    (Q2_0, Q1_0: decoded by the decoder the caller passes to `iter_tensors`)."""
+    return dequantizable_types() | frozenset(BONSAI_TYPES)
+
+
 def is_gguf_card(card: ModelCard) -> bool:
     """Whether a model card describes a single-file GGUF source."""
     return card.format == GGUF_FORMAT
@@ -97,7 +104,7 @@ def tensor_plan(card: ModelCard) -> list[PlannedTensor]:
     if not is_gguf_card(card):
         raise InputError(f"model card format is {card.format!r}, not {GGUF_FORMAT!r}")
     shards = set(card.shards)
-    supported = dequantizable_types()
+    supported = source_types()
     planned: list[PlannedTensor] = []
     seen: set[str] = set()
     for entry in card.tensors:
@@ -123,10 +130,21 @@ def open_reader(path: Path) -> GGUFFile:
     return GGUFFile(path)
 
 
-def dequantize_tensor(tensor: Any) -> np.ndarray[Any, np.dtype[np.float32]]:
-    """A reader tensor's values as a writable float32 array in torch order ([rows, cols])."""
-    qtype = gguf.GGMLQuantizationType(tensor.tensor_type)
+Decoder = Callable[[np.ndarray[Any, Any], str], np.ndarray[Any, Any]]
+
+
+def dequantize_tensor(tensor: Any, decoder: Decoder | None = None) -> np.ndarray[Any, np.dtype[np.float32]]:
+    """A reader tensor's values as a writable float32 array in torch order ([rows, cols]).
+
+    `decoder(raw_bytes, type_name)` decodes the types gguf has no maths for (Q2_0, Q1_0).
+    """
     shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    if tensor.tensor_type.name in BONSAI_TYPES:
+        if decoder is None:
+            raise InputError(f"tensor {tensor.name!r}: {tensor.tensor_type.name} needs a decoder here")
+        values = decoder(np.asarray(tensor.data).reshape(-1), tensor.tensor_type.name).reshape(shape)
+        return np.array(values, dtype=np.float32, order="C")
+    qtype = gguf.GGMLQuantizationType(tensor.tensor_type)
     try:
         values = gguf.quants.dequantize(np.asarray(tensor.data), qtype)
     except NotImplementedError as exc:
@@ -139,7 +157,7 @@ def dequantize_tensor(tensor: Any) -> np.ndarray[Any, np.dtype[np.float32]]:
 
 
 def iter_tensors(
-    card: ModelCard, files: Mapping[str, Path], shard: str
+    card: ModelCard, files: Mapping[str, Path], shard: str, decoder: Decoder | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (gguf_name, float32 contiguous tensor) for every planned tensor of the GGUF file `shard`.
 
@@ -161,14 +179,14 @@ def iter_tensors(
         tensor = by_name.get(item.gguf_name)
         if tensor is None:
             raise IntegrityError(f"tensor {item.gguf_name!r} is in the model card but not in {shard!r}")
-        type_name = gguf.GGMLQuantizationType(tensor.tensor_type).name
+        type_name = tensor.tensor_type.name
         shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
         if type_name != item.source_dtype or shape != item.shape:
             raise IntegrityError(
                 f"tensor {item.gguf_name!r} in {shard!r} is {type_name} {list(shape)}; "
                 f"the model card says {item.source_dtype} {list(item.shape)}"
             )
-        yield item.gguf_name, torch.from_numpy(dequantize_tensor(tensor))
+        yield item.gguf_name, torch.from_numpy(dequantize_tensor(tensor, decoder))
         del tensor
 
 

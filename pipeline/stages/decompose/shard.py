@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -22,6 +22,7 @@ from pipeline.core.files import atomic_path
 from pipeline.formats.model_card import ModelCard
 from pipeline.formats.parts import PartEntry, PartIndex
 from pipeline.formats.rawio import pread_exact
+from pipeline.stages.decompose.repack import TERNARY_SOURCE_TYPES, repack
 from pipeline.ternary.decompose import decompose_packed
 from pipeline.ternary.pack import bits_per_weight, decode_bytes, encode_plain, tensor_nbytes
 from pipeline.ternary.policy import Recipe, TensorDecision
@@ -154,6 +155,7 @@ def decompose_shard(
     with atomic_path(final) as partial, open(partial, "wb") as handle:
         handle.write(index.header_bytes())
         stream = source.iter_tensors(card, files, shard, **_stream_options(source))
+        stored = _ternary_source_tensors(card, files, shard, decisions)
         planned_next = iter(index.entries)
         # Not zip(): it keeps the previous pair alive while fetching the next, so the source
         # could not reuse that tensor's memory.
@@ -165,7 +167,8 @@ def decompose_shard(
             if got_name != name or tuple(weight.shape) != shape:
                 raise IntegrityError(f"shard {shard!r}: expected {name} {list(shape)} next, "
                                      f"source gave {got_name} {list(weight.shape)}")
-            raw, line = _encode(name, weight, decisions[name], recipe, device, out)
+            raw, line = _encode_or_repack(name, weight, decisions[name], recipe, device, out,
+                                          stored.get(name))
             _write_tensor(handle, name, raw, n_bytes)
             if name == probe.name:
                 probe.weight, probe.rel_error = weight.clone(), line.rel_error
@@ -182,9 +185,58 @@ def decompose_shard(
     return rows
 
 
+def _ternary_source_tensors(
+    card: ModelCard, files: Mapping[str, Path], shard: str, decisions: Mapping[str, TensorDecision]
+) -> dict[str, tuple[str, Any]]:
+    """(source type, raw block bytes) of a GGUF source's ternary tensors that stay ternary."""
+    if not card.is_gguf:
+        return {}
+    from pipeline.formats.gguf.tensor_source import open_reader
+
+    wanted = {t.name for t in card.tensors_in(shard) if t.dtype in TERNARY_SOURCE_TYPES
+              and decisions[t.name].is_ternary}
+    if not wanted:
+        return {}
+    reader = open_reader(files[shard])
+    return {t.name: (t.tensor_type.name, t.data) for t in reader.tensors if t.name in wanted}
+
+
+def _encode_or_repack(
+    name: str, weight: torch.Tensor, decision: TensorDecision, recipe: Recipe, device: torch.device,
+    out: npt.NDArray[np.uint8], stored: tuple[str, Any] | None,
+) -> tuple[npt.NDArray[np.uint8], TensorReport]:
+    """A stored ternary tensor moved to the target layout without loss when it can be; else fitted."""
+    if stored is None:
+        return _encode(name, weight, decision, recipe, device, out)
+    moved = repack(np.asarray(stored[1]), stored[0], decision.ggml_type)
+    if moved.raw is None:
+        raw, line = _encode(name, weight, decision, recipe, device, out)
+        return raw, replace(line, reason=f"{line.reason}; {moved.note}")
+    values = decode_bytes(moved.raw, decision.ggml_type, tuple(weight.shape))
+    if not np.array_equal(values, weight.numpy()):
+        raise IntegrityError(f"{name}: re-packed {stored[0]} -> {decision.ggml_type} decodes differently "
+                             "from the source; this is a bug in the re-packing, please report it")
+    sq_norm = float(np.square(values, dtype=np.float64).sum())
+    line = TensorReport(
+        name=name, shape=list(weight.shape), ggml_type=decision.ggml_type, is_ternary=True,
+        is_fallback=decision.is_fallback, reason=f"{decision.reason}; {moved.note}", n_params=weight.numel(),
+        n_bytes=int(moved.raw.size), bits_per_weight=bits_per_weight(decision.ggml_type), rel_error=0.0,
+        sparsity=float((values == 0).mean()) if values.size else 0.0, absmean_rel_error=None,
+        sq_error=0.0, absmean_sq_error=None, sq_norm=sq_norm, n_zero=int((values == 0).sum()),
+    )
+    return moved.raw, line
+
+
 def _stream_options(source: Any) -> dict[str, Any]:
     """16-bit safetensors weights as stored: the fit reads bfloat16 directly, so no float32 copy
     of each tensor is made (a pass over memory saved, and half the peak memory)."""
     from pipeline.formats.hf import checkpoint
 
-    return {"as_stored": True} if source is checkpoint else {}
+    # A GGUF source may hold Bonsai types, whose maths gguf lacks: ours decodes them.
+    return {"as_stored": True} if source is checkpoint else {"decoder": _decode_bonsai}
+
+
+def _decode_bonsai(raw: npt.NDArray[np.uint8], type_name: str) -> npt.NDArray[np.float32]:
+    from pipeline.ternary.pack_bonsai import dequantize_q1_0, dequantize_q2_0
+
+    return dequantize_q2_0(raw) if type_name == "Q2_0" else dequantize_q1_0(raw)

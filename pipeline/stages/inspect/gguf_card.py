@@ -15,7 +15,7 @@ import gguf
 
 from pipeline.core.errors import InputError, IntegrityError
 from pipeline.formats.gguf.reader import GGUFFile
-from pipeline.formats.gguf.tensor_source import dequantizable_types
+from pipeline.formats.gguf.tensor_source import source_types as allowed_source_types
 from pipeline.formats.model_card import CardTensor, ModelCard, TokenizerInfo
 from pipeline.stages.base import InputFile
 
@@ -51,7 +51,7 @@ def _card_from_file(path: Path, name: str) -> ModelCard:
         magic = handle.read(4)
     if magic != b"GGUF":
         raise InputError(f"{name}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
-    source_types = dequantizable_types()
+    source_types = allowed_source_types()
     # The one bounded reader: every count and length is checked against the file size first.
     reader = GGUFFile(path, label=name)
     metadata = {
