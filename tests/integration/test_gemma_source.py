@@ -146,3 +146,17 @@ def test_show_json_carries_the_report(converted: dict[str, Any]) -> None:
     assert {"loads", "answer", "repetition", "agreement", "sparsity", "bits_per_weight"} <= set(
         validation["checks"]
     )
+
+
+def test_q2_0_fits_every_linear_weight_of_gemma(gemma_gguf: Path) -> None:
+    """Q2_0's 64-blocks take Gemma's 640-wide rows: the q2_0 recipe leaves no linear weight behind."""
+    from pipeline.formats.gguf.reader import GGUFFile
+    from pipeline.ternary.policy import LINEAR_KINDS, decide, get_recipe
+
+    recipe = get_recipe("q2_0")
+    linear = [t for t in GGUFFile(gemma_gguf).tensors
+              if t.name.startswith("blk.") and t.name.split(".")[2] in LINEAR_KINDS]
+    assert len(linear) == _N_BLOCKS * 7
+    decisions = {t.name: decide(t.name, tuple(int(d) for d in reversed(t.shape)), recipe) for t in linear}
+    assert [name for name, d in decisions.items() if d.is_fallback or d.ggml_type != "Q2_0"] == []
+    assert {f"blk.0.{kind}.weight" for kind in _FALLBACK_KINDS} <= set(decisions)
