@@ -88,7 +88,7 @@ function lineageGraph(report) {
     g.append(svg("title", {}, `${node.name}\n${node.sha256}\n${producer(node)}`));
     g.append(svg("rect", { width: NODE_W, height: NODE_H, rx: 5 }));
     g.append(svg("text", { x: 8, y: 15, class: "name" },
-      `${node.ok === false ? "✗" : "✓"} ${label.length > 26 ? `…${label.slice(-25)}` : label}`));
+      `${node.ok === false ? "✗" : "✓"} ${label.length > 23 ? `…${label.slice(-22)}` : label}`));
     g.append(svg("text", { x: 8, y: 29, class: "meta" }, `${node.kind || "?"} · ${bytes(node.size_bytes)}`));
     g.addEventListener("click", () => selectLineageNode(node, bySha));
     g.addEventListener("keydown", (e) => { if (e.key === "Enter") selectLineageNode(node, bySha); });
