@@ -16,7 +16,17 @@ from typing import Any
 import pytest
 
 from pipeline.app.api.auth import new_token
-from tests.support.browser import Server, chromium, css, require_browser, screenshot, serve, text_of, wait
+from tests.support.browser import (
+    Server,
+    assert_no_policy_violations,
+    chromium,
+    css,
+    require_browser,
+    screenshot,
+    serve,
+    text_of,
+    wait,
+)
 
 pytestmark = [pytest.mark.services, pytest.mark.llama, pytest.mark.slow]
 
@@ -178,6 +188,7 @@ def test_read_token_browses_a_converted_job(
     log = server.log.read_text()
     assert "GET /?token=*** " in log and READ_TOKEN not in log, "the page link's token stays out of the log"
     screenshot(browser, tmp_path, "web-read-only-job")
+    assert_no_policy_violations(browser)
 
     # A fragment token never reaches the server at all, and opens the job named beside it.
     browser.execute_script("sessionStorage.clear()")
@@ -268,3 +279,4 @@ def test_submit_token_submits_retries_and_cancels(
         browser, lambda d: css(d, '#jobs tbody tr[data-job-id="2"][data-status="cancelled"]'), "list says so"
     )
     screenshot(browser, tmp_path, "web-submit-retry-cancel")
+    assert_no_policy_violations(browser)

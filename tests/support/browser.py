@@ -174,3 +174,10 @@ def screenshot(driver: Any, tmp_path: Path, name: str) -> Path:
     shutil.copyfile(shot, kept)
     driver.set_window_size(1400, 1800)
     return kept
+
+
+def assert_no_policy_violations(driver: Any) -> None:
+    """The page broke none of its Content-Security-Policy rules (no inline style or script)."""
+    logs = driver.get_log("browser") if hasattr(driver, "get_log") else []
+    violations = [entry["message"] for entry in logs if "Content Security Policy" in entry["message"]]
+    assert not violations, violations

@@ -8,7 +8,7 @@ const TOKEN_KEY = "bonsai.token";
 const FINAL = new Set(["succeeded", "failed", "cancelled", "skipped-cached"]);
 const REFRESH_MS = 3000;
 const state = {
-  jobId: null, jobStatus: null, jobKey: null, chainSha: null, timer: null, blobs: [], session: null,
+  jobId: null, jobStatus: null, jobKey: null, chainSha: null, chainJobId: null, timer: null, blobs: [], session: null,
 };
 
 // ---- small DOM helpers ----------------------------------------------------------------------

@@ -11,6 +11,7 @@ function selectJob(jobId) {
   $("#action-message").textContent = "";
   $("#retry-stage").value = "";
   $("#retry-force").checked = false;
+  if (jobId !== state.chainJobId) $("#chain-panel").hidden = true;  // another job's lineage
   guard(loadJob());
 }
 

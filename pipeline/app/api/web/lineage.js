@@ -11,6 +11,7 @@ const HEAD_H = 24;
 
 function showChain(sha256, verify) {
   state.chainSha = sha256;
+  state.chainJobId = state.jobId;
   $("#chain-panel").hidden = false;
   $("#chain-status").textContent = verify ? "re-hashing every file…" : "loading…";
   guard(loadChain(sha256, verify));
