@@ -266,6 +266,7 @@ def test_submit_token_submits_retries_and_cancels(
     assert "4 new attempt(s)" in text_of(browser, "#action-message")
     assert times_shown() == 1 and "inspect #1, inspect #2" in text_of(browser, "#job-error")
     assert not css(browser, "#cancel-button")[0].is_enabled(), "a finished job cannot be cancelled"
+    screenshot(browser, tmp_path, "web-failed-job-retried")
 
     # Cancel a job the server is running.
     _fill_and_submit(browser, str(demo_checkpoint))
