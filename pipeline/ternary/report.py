@@ -163,15 +163,21 @@ def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and math.isfinite(value)
 
 
+def _slot(idx: list[int]) -> float:
+    # One slot per layer index from the lowest to the highest: a bar or point sits in its slot's
+    # middle, so even one or two layers stay inside the frame.
+    lo, hi = (min(idx), max(idx)) if idx else (0, 0)
+    return (_PLOT_W - _LEFT - _RIGHT) / (hi - lo + 1)
+
+
 def _x_axis(idx: list[int]) -> Any:
-    lo, hi = (min(idx), max(idx)) if idx else (0, 1)
-    span = max(hi - lo, 1)
-    width = _PLOT_W - _LEFT - _RIGHT - 30
-    return lambda i: _LEFT + 15 + (i - lo) * width / span
+    lo = min(idx) if idx else 0
+    slot = _slot(idx)
+    return lambda i: _LEFT + (i - lo + 0.5) * slot
 
 
 def _bar_half(idx: list[int]) -> float:
-    return max(1.0, 0.35 * (_PLOT_W - _LEFT - _RIGHT - 30) / max(len(idx), 1))
+    return max(1.0, min(0.35 * _slot(idx), 40.0))
 
 
 def _ticks(idx: list[int]) -> list[int]:

@@ -97,6 +97,23 @@ def test_read_token_cannot_change_jobs_but_submit_token_can_read(api: Api) -> No
     assert api.get("/api/jobs", token=SUBMIT_TOKEN).status_code == 200
 
 
+def test_session_tells_the_page_what_the_token_may_do(api: Api, tmp_path: Path) -> None:
+    reader = api.get("/api/session").json()
+    assert reader["token"] == "dashboard" and reader["scopes"] == ["read"]
+    assert reader["can_submit"] is False
+    assert "read scope only" in reader["read_only_reason"]
+    assert "bonsai api-token NAME --scope submit" in reader["read_only_reason"]
+    assert reader["source_roots"] == [], "server folders are shown only to those who may submit"
+
+    submitter = api.get("/api/session", token=SUBMIT_TOKEN).json()
+    assert submitter["scopes"] == ["read", "submit"] and submitter["can_submit"] is True
+    assert submitter["read_only_reason"] is None
+    assert submitter["source_roots"] == [str(tmp_path)]
+    assert {"tq2_0", "tq1_0", "q2_0", "q1_0"} <= set(submitter["recipes"])
+    assert submitter["default_recipe"] in submitter["recipes"]
+    assert submitter["stages"][0] == "download" and submitter["stages"][-1] == "validate"
+
+
 def test_submit_list_detail_retry_and_cancel(api: Api) -> None:
     detail = api.submit_and_wait()
     job_id = detail["id"]

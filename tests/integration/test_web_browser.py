@@ -1,235 +1,283 @@
 """The web page in real headless Chromium (Debian's chromium + chromedriver, driven by Selenium).
 
-`bonsai serve` runs as a subprocess on 127.0.0.1 against PostgreSQL; a real `bonsai convert`
-of the demo checkpoint makes the job. The test installs nothing: `make setup` brings the
-chromium and chromium-driver packages and the selenium wheel. Locally the test skips,
-saying why, when they are missing; under CI (CI=true) it fails instead.
+`bonsai serve` runs as a subprocess on 127.0.0.1 against PostgreSQL. The read-only test browses
+a real `bonsai convert` of the demo checkpoint; the submit test submits, retries and cancels
+through the page's own form and buttons. Screenshots are kept (tests/support/browser.py says
+where). The test installs nothing: `make setup` brings chromium, chromium-driver and selenium.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from pipeline.app.api.auth import new_token
+from tests.support.browser import (
+    Server,
+    assert_no_policy_violations,
+    chromium,
+    css,
+    require_browser,
+    screenshot,
+    serve,
+    text_of,
+    wait,
+)
 
 pytestmark = [pytest.mark.services, pytest.mark.llama, pytest.mark.slow]
 
-CHROMIUM = os.environ.get("BONSAI_TEST_CHROMIUM", "/usr/bin/chromium")
-CHROMEDRIVER = os.environ.get("BONSAI_TEST_CHROMEDRIVER", "/usr/bin/chromedriver")
 READ_TOKEN, READ_ENTRY = new_token("browser", ("read",))
-WAIT_S = 30
-
-
-def _require_browser() -> None:
-    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not shutil.which(p)]
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        missing.append("the selenium package")
-    if not missing:
-        return
-    reason = f"{', '.join(missing)} not installed (make setup installs chromium, chromium-driver, selenium)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"the browser test must run under CI: {reason}")
-    pytest.skip(reason)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _env(home: Path, db_url: str) -> dict[str, str]:
-    env = {
-        **os.environ,
-        "BONSAI_HOME": str(home),
-        "BONSAI_DATABASE_URL": db_url,
-        "BONSAI_API_TOKENS": READ_ENTRY,
-    }
-    env.pop("BONSAI_BROKER_URL", None)
-    return env
-
-
-@dataclass(frozen=True)
-class Server:
-    base: str
-    env: dict[str, str]
-
-    def bonsai(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "pipeline", *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+SUBMIT_TOKEN, SUBMIT_ENTRY = new_token("platform", ("submit",))
+STAGES = ("download", "checksum", "inspect", "decompose", "package", "validate")
 
 
 @pytest.fixture
-def server(pg_url: str, tmp_path: Path) -> Iterator[Server]:
-    """`bonsai serve` on a free port of 127.0.0.1, over a new PostgreSQL database."""
-    _require_browser()
-    env = _env(tmp_path / "home", pg_url)
-    run = [sys.executable, "-m", "pipeline"]
-    upgrade = subprocess.run([*run, "db", "upgrade"], env=env, capture_output=True, text=True, timeout=120)
-    assert upgrade.returncode == 0, upgrade.stderr
-    port = _free_port()
-    log = (tmp_path / "serve.log").open("wb")
-    process = subprocess.Popen(
-        [*run, "serve", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        _wait_ready(f"http://127.0.0.1:{port}", process, tmp_path / "serve.log")
-        yield Server(f"http://127.0.0.1:{port}", env)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
-
-
-def _wait_ready(base: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"bonsai serve exited with {process.returncode}: {log.read_text()[-2000:]}")
-        try:
-            if (
-                httpx.get(f"{base}/api/jobs", headers={"Authorization": f"Bearer {READ_TOKEN}"}).status_code
-                == 200
-            ):
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"bonsai serve did not answer within {WAIT_S}s: {log.read_text()[-2000:]}")
+def server(pg_url: str, tmp_path: Path, demo_checkpoint: Path) -> Iterator[Server]:
+    """`bonsai serve` over a new database; local sources allowed under tmp_path and the demo's folder."""
+    require_browser()
+    env = {
+        **os.environ,
+        "BONSAI_HOME": str(tmp_path / "home"),
+        "BONSAI_DATABASE_URL": pg_url,
+        "BONSAI_API_TOKENS": f"{READ_ENTRY},{SUBMIT_ENTRY}",
+        "BONSAI_SOURCE_ROOTS": os.pathsep.join([str(tmp_path / "sources"), str(demo_checkpoint.parent)]),
+    }
+    env.pop("BONSAI_BROKER_URL", None)
+    with serve(env, tmp_path, READ_TOKEN) as running:
+        yield running
 
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-        "--window-size=1400,1800",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    try:
+    with chromium(tmp_path / "chromium-profile") as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
-def _wait(driver: Any, condition: Any, what: str) -> Any:
-    from selenium.common.exceptions import TimeoutException
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    try:
-        return WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(condition)
-    except TimeoutException:
-        logs = driver.get_log("browser") if hasattr(driver, "get_log") else []
-        pytest.fail(f"timed out waiting for {what}; browser console: {logs}")
-
-
-def _css(driver: Any, selector: str) -> list[Any]:
-    from selenium.webdriver.common.by import By
-
-    return driver.find_elements(By.CSS_SELECTOR, selector)  # type: ignore[no-any-return]
-
-
-def test_user_logs_in_and_browses_a_converted_job(
-    server: Server, browser: Any, demo_checkpoint: Path, tmp_path: Path
-) -> None:
-    # A real conversion by the CLI, into the database the running server reads.
-    convert = server.bonsai("convert", str(demo_checkpoint))
-    assert convert.returncode == 0, convert.stdout + convert.stderr
-
-    # Without a token the page asks for one, and says so when the server refuses it.
-    browser.get(server.base)
-    _wait(browser, lambda d: _css(d, "#login")[0].is_displayed(), "login box")
-    assert not _css(browser, "#app")[0].is_displayed()
-    _css(browser, "#token-input")[0].send_keys("bonsai_wrong")
-    _css(browser, "#login-form button")[0].click()
-    _wait(browser, lambda d: "refused" in _css(d, "#login-error")[0].text, "refusal message")
-    _css(browser, "#token-input")[0].send_keys(READ_TOKEN)
-    _css(browser, "#login-form button")[0].click()
-    _wait(browser, lambda d: _css(d, '#jobs tbody tr[data-job-id="1"]'), "job list after login")
+def _log_in_with_the_form(browser: Any, base: str) -> None:
+    browser.get(base)
+    wait(browser, lambda d: css(d, "#login")[0].is_displayed(), "login box")
+    assert not css(browser, "#app")[0].is_displayed()
+    # How to get and pass a token is written on the page, not only in a script comment.
+    help_text = text_of(browser, "#how-to-login")
+    assert "bonsai api-token NAME" in help_text and "--scope submit" in help_text
+    assert "BONSAI_API_TOKENS" in help_text and f"{base}/#token=TOKEN" in help_text
+    css(browser, "#token-input")[0].send_keys("bonsai_wrong")
+    css(browser, "#login-form button")[0].click()
+    wait(browser, lambda d: "refused" in text_of(d, "#login-error"), "refusal message")
+    css(browser, "#token-input")[0].send_keys(READ_TOKEN)
+    css(browser, "#login-form button")[0].click()
+    wait(browser, lambda d: css(d, '#jobs tbody tr[data-job-id="1"]'), "job list after login")
     assert browser.execute_script("return sessionStorage.getItem('bonsai.token')") == READ_TOKEN
 
-    # A `?token=` link works too, and the token leaves the address bar.
-    browser.execute_script("sessionStorage.clear()")
-    browser.get(f"{server.base}/?token={READ_TOKEN}")
-    row = _wait(browser, lambda d: next(iter(_css(d, '#jobs tbody tr[data-job-id="1"]')), None), "job 1 row")
-    assert "succeeded" in row.text and "100%" in row.text
-    assert "token=" not in browser.current_url
 
-    row.click()
-    _wait(browser, lambda d: len(_css(d, "#timeline .attempt")) == 6, "six stage attempts")
-    attempts = [
-        (a.get_attribute("data-stage"), a.get_attribute("data-status"))
-        for a in _css(browser, "#timeline .attempt")
-    ]
-    assert attempts == [
-        (s, "succeeded") for s in ("download", "checksum", "inspect", "decompose", "package", "validate")
-    ]
-    assert _css(browser, "#validation .verdict")[0].text in ("pass", "warn")
+def _check_validation_numbers(browser: Any, job: dict[str, Any]) -> None:
+    validation = job["validation"]
+    metrics = {m.get_attribute("data-metric"): m for m in css(browser, "#validation .metric")}
+    agreement = validation["details"]["agreement"]
+    assert metrics["top1_agreement"].find_element("css selector", ".value").text == (
+        f"{agreement['top1_agreement'] * 100:.1f}%"
+    )
+    assert float(metrics["mean_kl"].get_attribute("data-value")) == agreement["mean_kl"]
+    bpw = validation["details"]["bits_per_weight"]
+    assert metrics["linear_bpw"].find_element("css selector", ".value").text == f"{bpw['linear_bpw']:.4f}"
+    assert float(metrics["file_bpw"].get_attribute("data-value")) == bpw["file_bpw"]
+    rows = {r.get_attribute("data-check"): r for r in css(browser, "#validation-checks tr[data-check]")}
+    assert set(rows) == set(validation["checks"])
+    for name, row in rows.items():
+        assert row.find_element("css selector", ".reason").text == validation["details"][name]["reason"]
+        assert row.find_element("css selector", ".badge").text == validation["checks"][name]
+    assert f"top-1 {agreement['top1_agreement'] * 100:.1f}%" in rows["agreement"].text
 
-    layers = _wait(browser, lambda d: _css(d, "#sparsity svg rect.layer") or None, "sparsity bars")
+
+def _check_time_axis(browser: Any) -> None:
+    ticks = css(browser, "#timeline .axis-row .tick")
+    assert len(ticks) >= 3, "a time axis with ticks under the stage bars"
+    at = [float(t.get_attribute("data-seconds")) for t in ticks]
+    assert at[0] == 0 and at == sorted(at) and len(set(at)) == len(at)
+    assert all(t.text.endswith((" s", " min", " h")) for t in ticks)
+
+
+def _check_sparsity_inside_its_box(browser: Any) -> None:
+    layers = wait(browser, lambda d: css(d, "#sparsity svg rect.layer") or None, "sparsity bars")
     assert [bar.get_attribute("data-layer") for bar in layers] == ["0", "1"]
     assert all(0.2 < float(bar.get_attribute("data-sparsity")) < 0.5 for bar in layers)
+    boxes, (width, height) = browser.execute_script(
+        "const s = document.querySelector('#sparsity svg'); const v = s.viewBox.baseVal;"
+        "return [[...s.querySelectorAll('rect, text')].map(e => { const b = e.getBBox();"
+        " return [b.x, b.y, b.x + b.width, b.y + b.height]; }), [v.width, v.height]];"
+    )
+    assert len(boxes) > 4
+    for x0, y0, x1, y1 in boxes:
+        assert 0 <= x0 and x1 <= width and 0 <= y0 and y1 <= height, ((x0, y0, x1, y1), (width, height))
     image_width = browser.execute_script(
         "const i = document.querySelector('#sparsity img');return i && i.complete ? i.naturalWidth : 0;"
     )
     assert image_width > 0, "the decompose stage's sparsity.png loads through the authorised download"
 
-    gguf_row = next(r for r in _css(browser, "#artifacts tbody tr") if "model.gguf" in r.text)
+
+def _check_lineage(browser: Any, server: Server, gguf_sha: str) -> None:
+    gguf_row = next(r for r in css(browser, "#artifacts tbody tr") if "model.gguf" in r.text)
     gguf_row.find_element("css selector", "button.provenance").click()
-    _wait(browser, lambda d: "verified" in _css(d, "#chain-status")[0].text, "provenance chain")
-    names = [n.get_attribute("data-name") for n in _css(browser, "#chain .node")]
-    assert names[0] == "package/model.gguf"
-    assert {"download/config.json", "checksum/manifest.json", "decompose/report.json"} <= set(names)
-    log = (tmp_path / "serve.log").read_text()
+    wait(browser, lambda d: "verified" in text_of(d, "#chain-status"), "lineage")
+    report = server.get(f"/api/artifacts/{gguf_sha}/chain", READ_TOKEN)
+    names = [n.get_attribute("data-name") for n in css(browser, "#chain .node")]
+    assert len(names) == len(set(names)) == report["artifacts"], "every file once"
+    assert (
+        text_of(browser, "#chain .node.root")
+        and css(browser, "#chain .node.root")[0].get_attribute("data-name") == "package/model.gguf"
+    )
+    sources = [n for n in names if n.startswith("download/")]
+    assert {"download/config.json", "download/model.safetensors"} <= set(sources)
+    assert {"checksum/manifest.json", "decompose/report.json"} <= set(names)
+    edges = css(browser, "#chain path.edge")
+    assert len(edges) == sum(len(node["inputs"]) for node in report["nodes"])
+    config = next(
+        n for n in css(browser, "#chain .node") if n.get_attribute("data-name") == "download/config.json"
+    )
+    browser.execute_script("arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true}))", config)
+    detail = wait(browser, lambda d: text_of(d, "#chain-detail") or None, "the file's record")
+    assert "nothing (a source file)" in detail and "decompose/report.json" in detail
+
+
+def test_read_token_browses_a_converted_job(
+    server: Server, browser: Any, demo_checkpoint: Path, tmp_path: Path
+) -> None:
+    # A real conversion by the CLI, into the database the running server reads.
+    convert = server.bonsai("convert", str(demo_checkpoint))
+    assert convert.returncode == 0, convert.stdout + convert.stderr
+    _log_in_with_the_form(browser, server.base)
+
+    # A read token sees why it cannot submit, retry or cancel, and the controls are off.
+    assert "token browser · read" in text_of(browser, "#who")
+    reason = wait(browser, lambda d: text_of(d, "#submit-readonly") or None, "read-only reason")
+    assert "read scope only" in reason and "bonsai api-token NAME --scope submit" in reason
+    assert css(browser, "#submit-fields")[0].get_property("disabled") is True
+    assert not css(browser, "#submit-source")[0].is_enabled()
+    assert not css(browser, "#submit-button")[0].is_enabled()
+
+    # A `?token=` link works too, and the token leaves the address bar.
+    browser.execute_script("sessionStorage.clear()")
+    browser.get(f"{server.base}/?token={READ_TOKEN}")
+    row = wait(browser, lambda d: next(iter(css(d, '#jobs tbody tr[data-job-id="1"]')), None), "job 1 row")
+    assert "succeeded" in row.text and "100%" in row.text
+    assert "token=" not in browser.current_url
+    row.click()
+    wait(browser, lambda d: len(css(d, "#timeline .attempt[data-stage]")) == 6, "six stage attempts")
+    attempts = [
+        (a.get_attribute("data-stage"), a.get_attribute("data-status"))
+        for a in css(browser, "#timeline .attempt[data-stage]")
+    ]
+    assert attempts == [(s, "succeeded") for s in STAGES]
+    assert (
+        not css(browser, "#retry-button")[0].is_enabled()
+        and not css(browser, "#cancel-button")[0].is_enabled()
+    )
+    assert "read scope only" in text_of(browser, "#actions-readonly")
+
+    job = server.get("/api/jobs/1", READ_TOKEN)
+    assert text_of(browser, "#validation .verdict") == job["validation"]["verdict"]
+    wait(browser, lambda d: css(d, "#validation-checks tr[data-check]"), "validation checks")
+    _check_validation_numbers(browser, job)
+    _check_time_axis(browser)
+    _check_sparsity_inside_its_box(browser)
+    _check_lineage(browser, server, job["gguf"]["sha256"])
+    log = server.log.read_text()
     assert "GET /?token=*** " in log and READ_TOKEN not in log, "the page link's token stays out of the log"
+    screenshot(browser, tmp_path, "web-read-only-job")
+    assert_no_policy_violations(browser)
 
     # A fragment token never reaches the server at all, and opens the job named beside it.
     browser.execute_script("sessionStorage.clear()")
     browser.get("about:blank")
     browser.get(f"{server.base}/#token={READ_TOKEN}&job=1")
-    _wait(browser, lambda d: len(_css(d, "#timeline .attempt")) == 6, "job 1 from the fragment")
+    wait(browser, lambda d: len(css(d, "#timeline .attempt[data-stage]")) == 6, "job 1 from the fragment")
     assert browser.current_url.endswith("#job=1")
 
-    shots = Path(os.environ.get("BONSAI_TEST_SCREENSHOT_DIR", tmp_path))
-    shots.mkdir(parents=True, exist_ok=True)
-    browser.save_screenshot(str(shots / "web-job.png"))
+
+def _fill_and_submit(browser: Any, source: str, priority: int = 0, options: str = "{}") -> None:
+    field = css(browser, "#submit-source")[0]
+    field.clear()
+    field.send_keys(source)
+    css(browser, "#submit-priority")[0].clear()
+    css(browser, "#submit-priority")[0].send_keys(str(priority))
+    css(browser, "#submit-options")[0].clear()
+    css(browser, "#submit-options")[0].send_keys(options)
+    css(browser, "#submit-button")[0].click()
+
+
+def _job_status(browser: Any, job_id: int) -> str:
+    panel = css(browser, "#job-panel")[0]
+    return (
+        str(panel.get_attribute("data-status")) if panel.get_attribute("data-job-id") == str(job_id) else ""
+    )
+
+
+def test_submit_token_submits_retries_and_cancels(
+    server: Server, browser: Any, demo_checkpoint: Path, tmp_path: Path
+) -> None:
+    broken = tmp_path / "sources" / "no-weights"  # runs download and checksum, then fails at inspect
+    broken.mkdir(parents=True)
+    (broken / "config.json").write_text('{"model_type": "llama"}\n')
+    browser.get(f"{server.base}/#token={SUBMIT_TOKEN}")
+    wait(browser, lambda d: "submit" in text_of(d, "#who"), "the token's scopes")
+    assert (
+        css(browser, "#submit-button")[0].is_enabled()
+        and not css(browser, "#submit-readonly")[0].is_displayed()
+    )
+    assert str(tmp_path / "sources") in text_of(browser, "#submit-roots")
+
+    # Refusals are shown on the page: bad options before sending, the server's reason after.
+    _fill_and_submit(browser, str(broken), options="[1]")
+    assert "Options must be a JSON object" in text_of(browser, "#submit-message")
+    _fill_and_submit(browser, "/etc")
+    wait(browser, lambda d: "outside the allowed model folders" in text_of(d, "#submit-message"), "refusal")
+
+    # Submit through the form: the job shows up, with its recipe, priority and options.
+    _fill_and_submit(browser, str(broken), priority=7, options='{"method": "absmean"}')
+    row = wait(browser, lambda d: next(iter(css(d, '#jobs tbody tr[data-job-id="1"]')), None), "job 1 row")
+    assert "7" in row.text and "tq2_0" in row.text
+    wait(browser, lambda d: _job_status(d, 1) == "failed", "job 1 failed")
+    assert '"method":"absmean"' in text_of(browser, "#job-meta")
+    job = server.get("/api/jobs/1", SUBMIT_TOKEN)
+    assert job["priority"] == 7 and job["submitted_by"] == "api:platform"
+    message = next(r["error_message"] for r in job["stages"] if r["error_message"])
+    assert job["error_message"].endswith(message)
+
+    def times_shown() -> int:
+        return int(
+            browser.execute_script("return document.body.innerText.split(arguments[0]).length - 1", message)
+        )
+
+    assert times_shown() == 1, "the job's and the attempt's error are shown once"
+
+    # Retry from a chosen stage: a second inspect attempt, failing the same way; still one error.
+    css(browser, '#retry-stage option[value="inspect"]')[0].click()
+    css(browser, "#retry-button")[0].click()
+    wait(
+        browser,
+        lambda d: css(d, '#timeline .attempt[data-stage="inspect"][data-status="failed"]')[1:],
+        "inspect #2",
+    )
+    wait(browser, lambda d: _job_status(d, 1) == "failed", "job 1 failed again")
+    assert "4 new attempt(s)" in text_of(browser, "#action-message")
+    assert times_shown() == 1 and "inspect #1, inspect #2" in text_of(browser, "#job-error")
+    assert not css(browser, "#cancel-button")[0].is_enabled(), "a finished job cannot be cancelled"
+    screenshot(browser, tmp_path, "web-failed-job-retried")
+
+    # Cancel a job the server is running.
+    _fill_and_submit(browser, str(demo_checkpoint))
+    wait(browser, lambda d: _job_status(d, 2) in ("pending", "running"), "job 2 started")
+    wait(browser, lambda d: css(d, "#cancel-button")[0].is_enabled(), "cancel button on")
+    css(browser, "#cancel-button")[0].click()
+    wait(browser, lambda d: _job_status(d, 2) == "cancelled", "job 2 cancelled")
+    assert "Job 2 cancelled" in text_of(browser, "#action-message")
+    assert server.get("/api/jobs/2", SUBMIT_TOKEN)["status"] == "cancelled"
+    wait(
+        browser, lambda d: css(d, '#jobs tbody tr[data-job-id="2"][data-status="cancelled"]'), "list says so"
+    )
+    screenshot(browser, tmp_path, "web-submit-retry-cancel")
+    assert_no_policy_violations(browser)
