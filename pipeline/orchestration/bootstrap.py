@@ -99,6 +99,7 @@ def build_runtime(settings: Settings) -> Runtime:
         },
         source_roots=settings.source_root_list,
         heartbeat_s=settings.heartbeat_s,
+        heartbeat_timeout_s=settings.heartbeat_timeout_s,
         max_attempts=settings.max_attempts,
         retry_base_s=settings.retry_base_s,
         stage_package=settings.stage_package,

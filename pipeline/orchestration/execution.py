@@ -188,7 +188,7 @@ def _claim(rt: Runtime, run_id: int, use_cache: bool) -> _Claimed | _FannedOut |
             if reuse_cached(session, rt.store, run, key):
                 log.info("job %s stage %s: reused outputs of an equal earlier run", job.id, stage.value)
                 return StageState.SKIPPED_CACHED
-            fresh_after = utcnow() - timedelta(seconds=rt.heartbeat_s * 3)
+            fresh_after = utcnow() - timedelta(seconds=rt.heartbeat_timeout_s)
             if repo.running_with_key(session, key, run_id, fresh_after):
                 # Same work is under way elsewhere (two jobs, one checkpoint): wait for its result.
                 session.rollback()

@@ -44,6 +44,9 @@ class Runtime:
     clients: Mapping[str, Any] = field(default_factory=dict)
     # Seconds between heartbeats of a running stage; the reconciler's timeout is larger.
     heartbeat_s: float = 10.0
+    # A running attempt whose heartbeat is older than this is lost (the reconciler's rule); until
+    # then an equal-key attempt waits for it instead of doing the same work twice.
+    heartbeat_timeout_s: float = 120.0
     # Attempts of one stage before its job fails, and the first retry delay (doubling).
     max_attempts: int = 3
     retry_base_s: float = 5.0
