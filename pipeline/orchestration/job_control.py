@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,9 @@ from pipeline.stages.sources import SourcePolicy
 __all__ = ["JobRequest", "read_manifest", "check_request", "create_jobs", "retry_job", "cancel_job"]
 
 _MANIFEST_KEYS = {"source", "recipe", "priority", "options"}
+# Bounded repr for messages: YAML aliases can make a small file a huge (shared) structure.
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxdict, _SHORT.maxlist, _SHORT.maxstring, _SHORT.maxother = 3, 4, 4, 80, 80
 
 
 @dataclass(frozen=True)
@@ -36,14 +40,19 @@ def read_manifest(path: Path, default_recipe: str, default_priority: int) -> lis
 
     The list may also sit under a top-level `jobs:` key. Errors name the entry at fault.
     """
+    kind = "JSON" if path.suffix == ".json" else "YAML"
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise InputError(f"manifest {path} cannot be read: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise InputError(f"manifest {path} is not UTF-8 text (byte {exc.start})") from exc
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise InputError(f"manifest {path} is not valid {path.suffix.lstrip('.') or 'YAML'}: {exc}") from exc
+        data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:  # JSONDecodeError, and ints over Python's digit limit
+        raise InputError(f"manifest {path} is not valid {kind}: {exc}") from exc
+    except RecursionError as exc:
+        raise InputError(f"manifest {path}: nested too deeply to be a list of jobs") from exc
     if isinstance(data, dict):
         data = data.get("jobs")
     if not isinstance(data, list) or not data:
@@ -56,12 +65,16 @@ def _manifest_entry(path: Path, index: int, item: Any, recipe: str, priority: in
     if isinstance(item, str):
         item = {"source": item}
     if not isinstance(item, dict) or not isinstance(item.get("source"), str) or not item["source"].strip():
-        raise InputError(f"manifest {path}, entry {index}: needs a `source` string, got {item!r}")
+        raise InputError(f"manifest {path}, entry {index}: needs a `source` string, got {_SHORT.repr(item)}")
     unknown = set(item) - _MANIFEST_KEYS
     if unknown:
-        raise InputError(f"manifest {path}, entry {index}: unknown keys {sorted(unknown)}; "
+        shown = sorted(_SHORT.repr(key) for key in unknown)[:8]
+        raise InputError(f"manifest {path}, entry {index}: unknown keys {shown}; "
                          f"allowed: {sorted(_MANIFEST_KEYS)}")
-    if not isinstance(item.get("priority", priority), int):
+    if not isinstance(item.get("recipe", recipe), str):
+        raise InputError(f"manifest {path}, entry {index}: recipe must be a string")
+    given = item.get("priority", priority)
+    if not isinstance(given, int) or isinstance(given, bool):
         raise InputError(f"manifest {path}, entry {index}: priority must be an integer")
     if not isinstance(item.get("options", {}), dict):
         raise InputError(f"manifest {path}, entry {index}: options must be a mapping")

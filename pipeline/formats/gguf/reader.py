@@ -89,13 +89,21 @@ class GGUFField:
         return range(len(self.value)) if self.types[0] is _VT.ARRAY else range(1)
 
     def contents(self) -> Any:
-        """The value as GGUFReader's ``contents()`` gives it: str, list of str or numbers, scalar."""
-        if self.types[0] is _VT.ARRAY:
-            if self.types[-1] is _VT.STRING:
-                return [item.decode("utf-8") for item in self.value]
-            return self.value.tolist()
-        if self.types[0] is _VT.STRING:
-            return self.value.decode("utf-8")
+        """The value as GGUFReader's ``contents()`` gives it: str, list of str or numbers, scalar.
+
+        Raises IntegrityError naming the key when a string is not UTF-8 (GGUF strings must be).
+        """
+        try:
+            if self.types[0] is _VT.ARRAY:
+                if self.types[-1] is _VT.STRING:
+                    return [item.decode("utf-8") for item in self.value]
+                return self.value.tolist()
+            if self.types[0] is _VT.STRING:
+                return self.value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise IntegrityError(
+                f"GGUF metadata {self.name!r}: a string is not UTF-8 (byte {exc.start}: {exc.reason})"
+            ) from exc
         return self.value
 
     def typed(self) -> Typed:
