@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNS = 1500
+RUNS = 1000
 TARGETS = ("safetensors", "config", "tokenizer", "spm", "gguf", "sha256sums", "manifest")
 
 
