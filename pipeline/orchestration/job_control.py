@@ -22,9 +22,21 @@ from pipeline.stages.sources import SourcePolicy
 __all__ = ["JobRequest", "read_manifest", "check_request", "create_jobs", "retry_job", "cancel_job"]
 
 _MANIFEST_KEYS = {"source", "recipe", "priority", "options"}
-# Bounded repr for messages: YAML aliases can make a small file a huge (shared) structure.
-_SHORT = reprlib.Repr()
-_SHORT.maxlevel, _SHORT.maxdict, _SHORT.maxlist, _SHORT.maxstring, _SHORT.maxother = 3, 4, 4, 80, 80
+
+
+class _ShortRepr(reprlib.Repr):
+    """Bounded repr for messages: YAML aliases can make a small file a huge (shared) structure,
+    and an integer past Python's 4300-digit limit has no repr at all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxdict, self.maxlist, self.maxstring, self.maxother = 3, 4, 4, 80, 80
+
+    def repr_int(self, x: int, level: int) -> str:
+        return f"<integer of {x.bit_length()} bits>" if x.bit_length() > 256 else repr(x)
+
+
+_SHORT = _ShortRepr()
 
 
 @dataclass(frozen=True)
@@ -68,7 +80,7 @@ def _manifest_entry(path: Path, index: int, item: Any, recipe: str, priority: in
         raise InputError(f"manifest {path}, entry {index}: needs a `source` string, got {_SHORT.repr(item)}")
     unknown = set(item) - _MANIFEST_KEYS
     if unknown:
-        shown = sorted(_SHORT.repr(key) for key in unknown)[:8]
+        shown = sorted(key[:80] if isinstance(key, str) else _SHORT.repr(key) for key in unknown)[:8]
         raise InputError(f"manifest {path}, entry {index}: unknown keys {shown}; "
                          f"allowed: {sorted(_MANIFEST_KEYS)}")
     if not isinstance(item.get("recipe", recipe), str):
@@ -78,8 +90,35 @@ def _manifest_entry(path: Path, index: int, item: Any, recipe: str, priority: in
         raise InputError(f"manifest {path}, entry {index}: priority must be an integer")
     if not isinstance(item.get("options", {}), dict):
         raise InputError(f"manifest {path}, entry {index}: options must be a mapping")
+    _check_options(item.get("options", {}), f"manifest {path}, entry {index}")
     return JobRequest(item["source"].strip(), item.get("recipe", recipe), item.get("priority", priority),
                       item.get("options", {}))
+
+
+_MAX_OPTION_NODES = 10_000
+_OPTION_SCALARS = (str, int, float, bool, type(None))
+
+
+def _check_options(options: Mapping[str, Any], where: str) -> None:
+    """Options are stored as JSON: string keys, JSON values, and small (YAML aliases can make a
+    few lines a structure of billions of nodes). InputError naming the first problem."""
+    pending: list[Any] = [options]
+    seen = 0
+    while pending:
+        value = pending.pop()
+        seen += 1
+        if seen > _MAX_OPTION_NODES:
+            raise InputError(f"{where}: options hold over {_MAX_OPTION_NODES} values; keep them small")
+        if isinstance(value, dict):
+            bad = next((k for k in value if not isinstance(k, str)), None)
+            if bad is not None:
+                raise InputError(f"{where}: option key {_SHORT.repr(bad)} is not a string")
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+        elif not isinstance(value, _OPTION_SCALARS):
+            raise InputError(f"{where}: option value {_SHORT.repr(value)} is a {type(value).__name__}, "
+                             "not a JSON value")
 
 
 def check_request(request: JobRequest) -> None:

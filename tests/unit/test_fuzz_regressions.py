@@ -87,6 +87,16 @@ CASES = {
     "manifest-not-utf8": ("manifest", b"\x01[\"c/\xff\"]", InputError, "is not UTF-8 text"),
     # JSON integer over Python's 4300-digit limit: ValueError, not JSONDecodeError.
     "manifest-huge-int": ("manifest", b"\x01[" + b"1" * 5000 + b"]", InputError, "is not valid JSON"),
+    # A source of 5000 hex digits (YAML parses those past the decimal limit): the error message's
+    # repr raised ValueError (Python's 4300-digit limit for int to str).
+    "manifest-huge-int-source": ("manifest", b"\x00- {source: 0x" + b"f" * 5000 + b"}", InputError,
+                                 "<integer of 20000 bits>"),
+    # An option keyed by an integer: redact() called .lower() on it (AttributeError).
+    "manifest-int-option-key": ("manifest", b"\x00- {source: a/b, options: {1: x}}", InputError,
+                                "option key 1 is not a string"),
+    # A YAML timestamp cannot be stored as JSON.
+    "manifest-date-option": ("manifest", b"\x00- {source: a/b, options: {when: 2026-12-03}}", InputError,
+                             "is a date, not a JSON value"),
     # A recipe that is not a string went on to the job row.
     "manifest-recipe-list": ("manifest", b"\x00- {source: a/b, recipe: [x]}", InputError,
                              "recipe must be a string"),
@@ -131,6 +141,10 @@ def test_yaml_alias_bomb_is_refused_quickly(ctx: Context) -> None:
     lines.append("jobs: [*a9]")
     started = time.perf_counter()
     with pytest.raises(InputError, match="needs a `source` string"):
+        TARGETS["manifest"](b"\x00" + "\n".join(lines).encode(), ctx)
+    # The same bomb as options: redact() and the JSON column would walk all 9^9 values.
+    lines[-1] = "jobs: [{source: a/b, options: {x: *a9}}]"
+    with pytest.raises(InputError, match="options hold over 10000 values"):
         TARGETS["manifest"](b"\x00" + "\n".join(lines).encode(), ctx)
     assert time.perf_counter() - started < 1.0
 
