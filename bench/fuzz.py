@@ -271,11 +271,13 @@ def fuzz_target(
     elapsed = time.perf_counter() - started
     executed = _EXECUTED.search(proc.stderr) or _DONE.search(proc.stderr)
     found = _findings(out, target)[len(before):]
-    if proc.returncode != 0:  # libFuzzer's own verdict: crash, timeout or out-of-memory
+    interrupted = "run interrupted" in proc.stderr  # stopped from outside: not a finding
+    if proc.returncode != 0 and not interrupted:  # libFuzzer's own verdict: crash, timeout, OOM
         verdict = re.findall(r"ERROR: libFuzzer: [^\n]*|==\d+== ERROR: [^\n]*", proc.stderr)
         found.append({"target": target, "kind": "libfuzzer", "detail": (verdict or [proc.stderr[-500:]])[0]})
     return {"inputs": int(executed.group(1)) if executed else 0, "findings": found,
-            "time_s": round(elapsed, 1), "stderr_tail": proc.stderr[-1500:] if proc.returncode != 0 else ""}
+            "interrupted": interrupted, "time_s": round(elapsed, 1),
+            "stderr_tail": proc.stderr[-1500:] if proc.returncode != 0 else ""}
 
 
 def _findings(out: Path, target: str) -> list[dict[str, Any]]:
@@ -309,10 +311,10 @@ def main() -> None:
             result = fuzz_target(target, args.runs, args.seed, work, out, args.max_time_s)
             results[target] = result
             print(f"{target}: inputs={result['inputs']} findings={len(result['findings'])} "
-                  f"time_s={result['time_s']}", flush=True)
+                  f"time_s={result['time_s']}{' (interrupted)' if result['interrupted'] else ''}", flush=True)
             for finding in result["findings"]:
                 print(f"  finding: {json.dumps(finding)}", flush=True)
-            if result["stderr_tail"]:
+            if result["stderr_tail"] and not result["interrupted"]:
                 print(f"  libFuzzer said: {result['stderr_tail']}", flush=True)
     finally:
         shutil.rmtree(work / "fixed", ignore_errors=True)
