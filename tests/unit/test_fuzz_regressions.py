@@ -57,7 +57,11 @@ CASES = {
                              IntegrityError, "'general.name': a string is not UTF-8"),
     # A dimension of 2^64 - 524256 beside a zero one: numpy's reshape raised ValueError.
     "gguf-dimension-over-int64": ("gguf", _gguf([_ARCH], [(b"t", [2**64 - 524256, 0], 0)]),
-                                  IntegrityError, "over ggml's 2^63 - 1"),
+                                  IntegrityError, "over ggml's int64 limits"),
+    # Dimensions whose product fits int64 but whose bytes (x 8 for F64) do not, beside a zero:
+    # numpy's view raised "array is too big".
+    "gguf-bytes-over-int64": ("gguf", _gguf([_ARCH], [(b"t", [2**61, 2, 0], 1)]),
+                              IntegrityError, "over ggml's int64 limits"),
     # tokenizer.json is the number 1: AttributeError ('int' object has no attribute 'get').
     "tokenizer-json-not-object": ("tokenizer", b"\x001", InputError,
                                   "tokenizer.json is int, expected an object"),

@@ -66,7 +66,10 @@ _PLAIN_TENSOR_DTYPES: Mapping[GGMLType, Any] = {
     gguf.GGMLQuantizationType.I64: np.int64,
 }
 _MAX_DIMS = 4
-_MAX_DIM = 2**63 - 1
+# The product of a tensor's non-zero dimensions, times its bytes per element (at most 8), must
+# stay inside numpy's (and ggml's) int64 byte count, even when a zero dimension keeps the
+# element count itself at 0.
+_MAX_DIM = (2**63 - 1) // 16
 _DEFAULT_ALIGNMENT = 32
 _MIN_KV_BYTES = 8 + 4 + 1  # empty key, value type, smallest value
 _MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # empty name, n_dims=0, type, offset
@@ -275,9 +278,7 @@ def _read_tensor_info(cur: _Cursor, index: int) -> tuple[str, list[int], int, in
         raise IntegrityError(f"{cur.label}: tensor {name!r} claims {n_dims} dimensions (at most 4)")
     dims = [cur.u64(f"dimension of {name!r}") for _ in range(n_dims)]
     if math.prod(d for d in dims if d) > _MAX_DIM:
-        # ggml's int64 ne[] cannot hold it, nor can numpy shape it (a zero dimension keeps the
-        # element count, and so the size check, small).
-        raise IntegrityError(f"{cur.label}: tensor {name!r} has dimensions {dims}, over ggml's 2^63 - 1")
+        raise IntegrityError(f"{cur.label}: tensor {name!r} has dimensions {dims}, over ggml's int64 limits")
     raw_type = cur.u32(f"type of {name!r}")
     offset = cur.u64(f"data offset of {name!r}")
     return name, dims, raw_type, offset
