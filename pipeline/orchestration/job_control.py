@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,21 @@ __all__ = ["JobRequest", "read_manifest", "check_request", "create_jobs", "retry
 _MANIFEST_KEYS = {"source", "recipe", "priority", "options"}
 
 
+class _ShortRepr(reprlib.Repr):
+    """Bounded repr for messages: YAML aliases can make a small file a huge (shared) structure,
+    and an integer past Python's 4300-digit limit has no repr at all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxdict, self.maxlist, self.maxstring, self.maxother = 3, 4, 4, 80, 80
+
+    def repr_int(self, x: int, level: int) -> str:
+        return f"<integer of {x.bit_length()} bits>" if x.bit_length() > 256 else repr(x)
+
+
+_SHORT = _ShortRepr()
+
+
 @dataclass(frozen=True)
 class JobRequest:
     source: str
@@ -36,14 +52,19 @@ def read_manifest(path: Path, default_recipe: str, default_priority: int) -> lis
 
     The list may also sit under a top-level `jobs:` key. Errors name the entry at fault.
     """
+    kind = "JSON" if path.suffix == ".json" else "YAML"
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise InputError(f"manifest {path} cannot be read: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise InputError(f"manifest {path} is not UTF-8 text (byte {exc.start})") from exc
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise InputError(f"manifest {path} is not valid {path.suffix.lstrip('.') or 'YAML'}: {exc}") from exc
+        data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:  # JSONDecodeError, and ints over Python's digit limit
+        raise InputError(f"manifest {path} is not valid {kind}: {exc}") from exc
+    except RecursionError as exc:
+        raise InputError(f"manifest {path}: nested too deeply to be a list of jobs") from exc
     if isinstance(data, dict):
         data = data.get("jobs")
     if not isinstance(data, list) or not data:
@@ -56,17 +77,48 @@ def _manifest_entry(path: Path, index: int, item: Any, recipe: str, priority: in
     if isinstance(item, str):
         item = {"source": item}
     if not isinstance(item, dict) or not isinstance(item.get("source"), str) or not item["source"].strip():
-        raise InputError(f"manifest {path}, entry {index}: needs a `source` string, got {item!r}")
+        raise InputError(f"manifest {path}, entry {index}: needs a `source` string, got {_SHORT.repr(item)}")
     unknown = set(item) - _MANIFEST_KEYS
     if unknown:
-        raise InputError(f"manifest {path}, entry {index}: unknown keys {sorted(unknown)}; "
+        shown = sorted(key[:80] if isinstance(key, str) else _SHORT.repr(key) for key in unknown)[:8]
+        raise InputError(f"manifest {path}, entry {index}: unknown keys {shown}; "
                          f"allowed: {sorted(_MANIFEST_KEYS)}")
-    if not isinstance(item.get("priority", priority), int):
+    if not isinstance(item.get("recipe", recipe), str):
+        raise InputError(f"manifest {path}, entry {index}: recipe must be a string")
+    given = item.get("priority", priority)
+    if not isinstance(given, int) or isinstance(given, bool):
         raise InputError(f"manifest {path}, entry {index}: priority must be an integer")
     if not isinstance(item.get("options", {}), dict):
         raise InputError(f"manifest {path}, entry {index}: options must be a mapping")
+    _check_options(item.get("options", {}), f"manifest {path}, entry {index}")
     return JobRequest(item["source"].strip(), item.get("recipe", recipe), item.get("priority", priority),
                       item.get("options", {}))
+
+
+_MAX_OPTION_NODES = 10_000
+_OPTION_SCALARS = (str, int, float, bool, type(None))
+
+
+def _check_options(options: Mapping[str, Any], where: str) -> None:
+    """Options are stored as JSON: string keys, JSON values, and small (YAML aliases can make a
+    few lines a structure of billions of nodes). InputError naming the first problem."""
+    pending: list[Any] = [options]
+    seen = 0
+    while pending:
+        value = pending.pop()
+        seen += 1
+        if seen > _MAX_OPTION_NODES:
+            raise InputError(f"{where}: options hold over {_MAX_OPTION_NODES} values; keep them small")
+        if isinstance(value, dict):
+            bad = next((k for k in value if not isinstance(k, str)), None)
+            if bad is not None:
+                raise InputError(f"{where}: option key {_SHORT.repr(bad)} is not a string")
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+        elif not isinstance(value, _OPTION_SCALARS):
+            raise InputError(f"{where}: option value {_SHORT.repr(value)} is a {type(value).__name__}, "
+                             "not a JSON value")
 
 
 def check_request(request: JobRequest) -> None:

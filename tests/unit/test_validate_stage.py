@@ -19,7 +19,7 @@ from pipeline.formats.gguf.reader import GGUFFile
 from pipeline.formats.gguf.writer import TensorToWrite, Typed, write_gguf
 from pipeline.stages import package, validate
 from pipeline.stages.base import InputFile, JobSpec
-from pipeline.stages.validate import file_checks
+from pipeline.stages.validate import file_checks, probe
 from pipeline.stages.validate.judge import agreement_stats
 
 _SOURCE_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors")
@@ -85,10 +85,17 @@ def _scrambled(src: Path, dest: Path, seed: int = 0) -> Path:
 
 def _with_chat_template(src: Path, dest: Path) -> Path:
     """`src` rewritten with a minimal chat template (the demo checkpoint has none)."""
+    template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+    return _with_metadata(src, dest, {"tokenizer.chat_template": template})
+
+
+def _with_metadata(src: Path, dest: Path, changes: dict[str, Any]) -> Path:
+    """`src` rewritten with `changes` (int -> UINT32, str -> STRING) over its metadata."""
     reader = GGUFFile(src)
     meta: dict[str, Any] = {k: f.typed() for k, f in reader.fields.items() if k != "general.architecture"}
-    template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
-    meta["tokenizer.chat_template"] = Typed(template, gguf.GGUFValueType.STRING)
+    for key, value in changes.items():
+        kind = gguf.GGUFValueType.UINT32 if isinstance(value, int) else gguf.GGUFValueType.STRING
+        meta[key] = Typed(value, kind)
     tensors = [
         TensorToWrite(
             t.name,
@@ -296,8 +303,47 @@ def test_file_llama_cannot_load_fails(tmp_path: Path) -> None:
     # Structurally valid GGUF but no weights: llama.cpp refuses it in the child process.
     path = write_gguf(tmp_path / "empty.gguf", "llama", {}, []).path
     workdir = _workdir(tmp_path, "work")
-    with pytest.raises(IntegrityError, match="could not load"):
+    with pytest.raises(IntegrityError, match="could not load") as info:
         validate.run(validate.Params(), {"package/model.gguf": _input("package/model.gguf", path)}, workdir)
+    assert "Traceback" not in str(info.value) and 'File "' not in str(info.value)
+
+
+@pytest.mark.llama
+def test_lying_hyperparameter_fails_in_llama_cpp_words(packaged_gguf: Path, tmp_path: Path) -> None:
+    # The attacker's file: embedding length 512 over 256-wide tensors (a lying hidden_size).
+    bad = _with_metadata(packaged_gguf, tmp_path / "bad.gguf", {"llama.embedding_length": 512})
+    workdir = _workdir(tmp_path, "work")
+    with pytest.raises(IntegrityError, match="could not load") as info:
+        validate.run(validate.Params(), {"package/model.gguf": _input("package/model.gguf", bad)}, workdir)
+    message = str(info.value)
+    assert "llama.cpp said: llama_model_load: error loading model: check_tensor_dims: tensor " in message
+    assert "'token_embd.weight' has wrong shape; expected 512, 512, got 256, 512" in message
+    assert "Traceback" not in message and 'File "' not in message
+    report = json.loads((workdir / "validation.json").read_text())
+    assert report["checks"] == {"loads": "fail"}
+    assert "check_tensor_dims" in json.dumps(report)
+
+
+def test_probe_failure_text_drops_python_tracebacks(tmp_path: Path) -> None:
+    stderr = (
+        "ggml.c:123: GGML_ASSERT(n > 0) failed\n"
+        "Traceback (most recent call last):\n"
+        '  File "<string>", line 1, in <module>\n'
+        "    main()\n"
+        "ValueError: Failed to load model from file: x.gguf\n"
+    )
+    why = probe._failure("converted", 1, stderr, tmp_path / "absent.json")
+    assert why == (
+        "llama.cpp could not load or run the converted file (exit 1): ggml.c:123: GGML_ASSERT(n > 0) failed\n"
+        "ValueError: Failed to load model from file: x.gguf"
+    )
+    error = tmp_path / "error.json"
+    error.write_text(json.dumps({"error": "ValueError: boom", "llama_errors": ["a: b", "c"]}))
+    assert probe._failure("source", 2, "", error) == (
+        "llama.cpp could not load or run the source file; llama.cpp said: a: b; c (ValueError: boom)"
+    )
+    error.write_text("[1, 2")
+    assert "exit 2 (llama.cpp logged no error)" in probe._failure("source", 2, "", error)
 
 
 @pytest.mark.llama

@@ -66,6 +66,10 @@ _PLAIN_TENSOR_DTYPES: Mapping[GGMLType, Any] = {
     gguf.GGMLQuantizationType.I64: np.int64,
 }
 _MAX_DIMS = 4
+# The product of a tensor's non-zero dimensions, times its bytes per element (at most 8), must
+# stay inside numpy's (and ggml's) int64 byte count, even when a zero dimension keeps the
+# element count itself at 0.
+_MAX_DIM = (2**63 - 1) // 16
 _DEFAULT_ALIGNMENT = 32
 _MIN_KV_BYTES = 8 + 4 + 1  # empty key, value type, smallest value
 _MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # empty name, n_dims=0, type, offset
@@ -89,13 +93,21 @@ class GGUFField:
         return range(len(self.value)) if self.types[0] is _VT.ARRAY else range(1)
 
     def contents(self) -> Any:
-        """The value as GGUFReader's ``contents()`` gives it: str, list of str or numbers, scalar."""
-        if self.types[0] is _VT.ARRAY:
-            if self.types[-1] is _VT.STRING:
-                return [item.decode("utf-8") for item in self.value]
-            return self.value.tolist()
-        if self.types[0] is _VT.STRING:
-            return self.value.decode("utf-8")
+        """The value as GGUFReader's ``contents()`` gives it: str, list of str or numbers, scalar.
+
+        Raises IntegrityError naming the key when a string is not UTF-8 (GGUF strings must be).
+        """
+        try:
+            if self.types[0] is _VT.ARRAY:
+                if self.types[-1] is _VT.STRING:
+                    return [item.decode("utf-8") for item in self.value]
+                return self.value.tolist()
+            if self.types[0] is _VT.STRING:
+                return self.value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise IntegrityError(
+                f"GGUF metadata {self.name!r}: a string is not UTF-8 (byte {exc.start}: {exc.reason})"
+            ) from exc
         return self.value
 
     def typed(self) -> Typed:
@@ -265,6 +277,8 @@ def _read_tensor_info(cur: _Cursor, index: int) -> tuple[str, list[int], int, in
     if n_dims > _MAX_DIMS:
         raise IntegrityError(f"{cur.label}: tensor {name!r} claims {n_dims} dimensions (at most 4)")
     dims = [cur.u64(f"dimension of {name!r}") for _ in range(n_dims)]
+    if math.prod(d for d in dims if d) > _MAX_DIM:
+        raise IntegrityError(f"{cur.label}: tensor {name!r} has dimensions {dims}, over ggml's int64 limits")
     raw_type = cur.u32(f"type of {name!r}")
     offset = cur.u64(f"data offset of {name!r}")
     return name, dims, raw_type, offset

@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -125,11 +126,39 @@ def file_type_for(types: Iterable[GGMLType]) -> FileType:
     raise InputError(f"no file type describes tensor types {sorted(t.name for t in present)}")
 
 
+_MAX_COUNT = 2**32 - 1  # GGUF stores the hyperparameter counts as uint32
+_MAX_HEAD_DIM = 1 << 16  # real models use 64..512; rope factors allocate head_dim / 2 floats
+
+
 def _config_number(config: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    """A positive finite number from config.json; InputError naming the key otherwise."""
     value = config.get(key, default)
-    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
-        raise InputError(f"config.json key {key!r} is {value!r}; expected a number")
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not is_number or (isinstance(value, float) and not math.isfinite(value)) or value <= 0:
+        raise InputError(f"config.json key {key!r} is {value!r:.80}; expected a positive number")
     return value
+
+
+def _config_count(config: Mapping[str, Any], key: str, default: Any = None, limit: int = _MAX_COUNT) -> int:
+    """A positive integer (an integral float is accepted) up to `limit`; InputError otherwise."""
+    value = _config_number(config, key, default)
+    if value != int(value) or value > limit:
+        raise InputError(f"config.json key {key!r} is {value!r:.80}; expected a positive integer <= {limit}")
+    return int(value)
+
+
+def _head_dim(config: Mapping[str, Any]) -> int:
+    """config.json's head_dim, or hidden_size // num_attention_heads as transformers computes it."""
+    n_head = _config_count(config, "num_attention_heads")
+    if config.get("head_dim"):
+        return _config_count(config, "head_dim", limit=_MAX_HEAD_DIM)
+    head_dim = _config_count(config, "hidden_size") // n_head
+    if not 0 < head_dim <= _MAX_HEAD_DIM:
+        raise InputError(
+            f"config.json hidden_size / num_attention_heads gives head_dim {head_dim}; "
+            f"expected 1..{_MAX_HEAD_DIM}"
+        )
+    return head_dim
 
 
 def llama_metadata(
@@ -142,17 +171,17 @@ def llama_metadata(
     head_dim != hidden / heads is kept). Raises InputError for missing hyperparameters or a
     rope scaling Bonsai does not write.
     """
-    n_head = int(_config_number(config, "num_attention_heads"))
-    hidden = int(_config_number(config, "hidden_size"))
-    head_dim = int(config.get("head_dim") or hidden // n_head)
+    n_head = _config_count(config, "num_attention_heads")
+    hidden = _config_count(config, "hidden_size")
+    head_dim = _head_dim(config)
     meta: dict[str, Any] = {
-        arch_key(LLM.VOCAB_SIZE, arch): int(_config_number(config, "vocab_size")),
-        arch_key(LLM.CONTEXT_LENGTH, arch): int(_config_number(config, "max_position_embeddings")),
+        arch_key(LLM.VOCAB_SIZE, arch): _config_count(config, "vocab_size"),
+        arch_key(LLM.CONTEXT_LENGTH, arch): _config_count(config, "max_position_embeddings"),
         arch_key(LLM.EMBEDDING_LENGTH, arch): hidden,
-        arch_key(LLM.BLOCK_COUNT, arch): int(_config_number(config, "num_hidden_layers")),
-        arch_key(LLM.FEED_FORWARD_LENGTH, arch): int(_config_number(config, "intermediate_size")),
+        arch_key(LLM.BLOCK_COUNT, arch): _config_count(config, "num_hidden_layers"),
+        arch_key(LLM.FEED_FORWARD_LENGTH, arch): _config_count(config, "intermediate_size"),
         arch_key(Attention.HEAD_COUNT, arch): n_head,
-        arch_key(Attention.HEAD_COUNT_KV, arch): int(_config_number(config, "num_key_value_heads", n_head)),
+        arch_key(Attention.HEAD_COUNT_KV, arch): _config_count(config, "num_key_value_heads", n_head),
         arch_key(Attention.LAYERNORM_RMS_EPS, arch): float(_config_number(config, "rms_norm_eps", 1e-5)),
         arch_key(Attention.KEY_LENGTH, arch): head_dim,
         arch_key(Attention.VALUE_LENGTH, arch): head_dim,
@@ -199,8 +228,7 @@ def llama3_rope_factors(config: Mapping[str, Any]) -> np.ndarray[Any, Any] | Non
     kind, scaling = _rope_scaling(config)
     if kind != "llama3":
         return None
-    n_head = int(_config_number(config, "num_attention_heads"))
-    head_dim = int(config.get("head_dim") or int(_config_number(config, "hidden_size")) // n_head)
+    head_dim = _head_dim(config)
     factor = float(_config_number(scaling, "factor", 8.0))
     low = float(_config_number(scaling, "low_freq_factor", 1.0))
     high = float(_config_number(scaling, "high_freq_factor", 4.0))

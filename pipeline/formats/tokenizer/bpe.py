@@ -15,7 +15,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,9 @@ from typing import Any
 import gguf
 
 from pipeline.core.errors import InputError
+from pipeline.formats.jsonfile import load_json
 from pipeline.formats.tokenizer.gguf_vocab import GGUFVocab, chat_template
+from pipeline.formats.tokenizer.shapes import items, mapping, token_id, vocab_rows
 
 __all__ = ["load_vocab", "detect_pre_tokenizer"]
 
@@ -64,16 +65,21 @@ _PRE_TOKENIZERS: tuple[_PreTokenizer, ...] = (
 _CONTROL_LOOKALIKE = ("<|", "|>")
 
 
-def _flatten(pre: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
-    if pre is None:
+def _flatten(pre: Any, depth: int = 0) -> list[Mapping[str, Any]]:
+    pre = mapping(pre, "tokenizer.json pre_tokenizer")
+    if not pre:
         return []
     if pre.get("type") == "Sequence":
-        return [item for sub in pre.get("pretokenizers", []) for item in _flatten(sub)]
+        if depth >= 8:  # real files nest one Sequence; a crafted one must not exhaust the stack
+            raise InputError("tokenizer.json pre_tokenizer nests Sequences more than 8 deep")
+        subs = items(pre.get("pretokenizers"), "tokenizer.json pre_tokenizer.pretokenizers")
+        return [item for sub in subs for item in _flatten(sub, depth + 1)]
     return [pre]
 
 
-def _normalizer_name(normalizer: Mapping[str, Any] | None) -> str | None:
-    if normalizer is None:
+def _normalizer_name(normalizer: Any) -> str | None:
+    normalizer = mapping(normalizer, "tokenizer.json normalizer")
+    if not normalizer:
         return None
     if normalizer.get("type") == "Sequence" and not normalizer.get("normalizers"):
         return None
@@ -91,7 +97,7 @@ def _shape_of(steps: list[Mapping[str, Any]]) -> tuple[str | None, bool] | None:
         and not steps[1].get("use_regex", True)
     ):
         split = steps[0]
-        regex = (split.get("pattern") or {}).get("Regex")
+        regex = mapping(split.get("pattern"), "tokenizer.json Split pattern").get("Regex")
         is_plain = split.get("behavior") == "Isolated" and not split.get("invert", False)
         return (regex, is_plain and not steps[1].get("add_prefix_space", False))
     return None
@@ -101,7 +107,7 @@ def detect_pre_tokenizer(tokenizer: Mapping[str, Any]) -> str:
     """llama.cpp's pre-tokenizer name for a parsed tokenizer.json; InputError when none fits."""
     steps = _flatten(tokenizer.get("pre_tokenizer"))
     normalizer = _normalizer_name(tokenizer.get("normalizer"))
-    ignore_merges = bool((tokenizer.get("model") or {}).get("ignore_merges", False))
+    ignore_merges = bool(mapping(tokenizer.get("model"), "tokenizer.json model").get("ignore_merges", False))
     shape = _shape_of(steps)
     if shape is not None and shape[1]:
         regex = shape[0]
@@ -139,32 +145,44 @@ def _check_model(model: Mapping[str, Any]) -> None:
 
 def _merges(model: Mapping[str, Any]) -> tuple[str, ...]:
     out = []
-    for merge in model.get("merges") or []:
+    for merge in items(model.get("merges"), "tokenizer.json model.merges"):
         # tokenizers >= 0.20 writes pairs as lists; older files use "a b" strings.
-        out.append(" ".join(merge) if isinstance(merge, list) else str(merge))
+        if isinstance(merge, list) and len(merge) == 2 and all(isinstance(m, str) for m in merge):
+            out.append(" ".join(merge))
+        elif isinstance(merge, str):
+            out.append(merge)
+        else:
+            raise InputError(f"tokenizer.json merge {merge!r:.80} is neither 'a b' nor a pair of strings")
     return tuple(out)
 
 
 def _token_table(tokenizer: Mapping[str, Any], vocab_size: int | None) -> tuple[list[str], list[int]]:
-    model = tokenizer.get("model") or {}
+    model = mapping(tokenizer.get("model"), "tokenizer.json model")
+    vocab = mapping(model.get("vocab"), "tokenizer.json model.vocab")
     by_id: dict[int, tuple[str, int]] = {
-        int(i): (tok, gguf.TokenType.NORMAL) for tok, i in model["vocab"].items()
+        token_id(i, f"tokenizer.json vocab id of {tok!r:.80}"): (tok, gguf.TokenType.NORMAL)
+        for tok, i in vocab.items()
     }
-    for added in tokenizer.get("added_tokens") or []:
-        content = str(added["content"])
+    for added in items(tokenizer.get("added_tokens"), "tokenizer.json added_tokens"):
+        added = mapping(added, "tokenizer.json added_tokens entry")
+        content = added.get("content")
+        if not isinstance(content, str):
+            raise InputError(f"tokenizer.json added token {added!r:.80} has no string content")
         is_control = bool(added.get("special")) or (
             content.startswith(_CONTROL_LOOKALIKE[0]) and content.endswith(_CONTROL_LOOKALIKE[1])
         )
-        by_id[int(added["id"])] = (
+        by_id[token_id(added.get("id"), f"tokenizer.json added token {content!r:.80} id")] = (
             content,
             gguf.TokenType.CONTROL if is_control else gguf.TokenType.USER_DEFINED,
         )
+    if not by_id:
+        raise InputError("tokenizer.json has an empty vocabulary")
     n_tokens = max(by_id) + 1
     if vocab_size is not None and vocab_size < n_tokens:
         raise InputError(
             f"tokenizer.json has token id {n_tokens - 1} but config.json vocab_size is {vocab_size}"
         )
-    size = vocab_size if vocab_size is not None else n_tokens
+    size = vocab_rows(vocab_size, n_tokens, "tokenizer.json")
     tokens: list[str] = []
     types: list[int] = []
     for i in range(size):
@@ -183,7 +201,7 @@ def _token_text(value: Any) -> str | None:
 
 
 def _special_id(
-    name: str, tok_config: Mapping[str, Any], config: Mapping[str, Any], ids: Mapping[str, int]
+    name: str, tok_config: Mapping[str, Any], config: Mapping[str, Any], ids: Mapping[str, int], n_tokens: int
 ) -> int | None:
     text = _token_text(tok_config.get(f"{name}_token"))
     if text is not None:
@@ -195,16 +213,21 @@ def _special_id(
     value = config.get(f"{name}_token_id")
     if isinstance(value, list):  # Llama 3.1 lists several EOS ids; llama.cpp takes one
         value = value[0] if value else None
-    return value if isinstance(value, int) else None
+    if value is None or isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None  # absent, or negative: HF configs write -1 for "no such token"
+    return token_id(value, f"config.json {name}_token_id", limit=n_tokens)
 
 
 def _template_adds(tokenizer: Mapping[str, Any], token: str | None, first: bool) -> bool:
-    post = tokenizer.get("post_processor") or {}
-    steps = post.get("processors", [post]) if post.get("type") == "Sequence" else [post]
+    post = mapping(tokenizer.get("post_processor"), "tokenizer.json post_processor")
+    is_sequence = post.get("type") == "Sequence"
+    steps = items(post.get("processors"), "post_processor.processors") if is_sequence else [post]
     for step in steps:
-        if step.get("type") == "TemplateProcessing" and step.get("single") and token is not None:
-            piece = step["single"][0 if first else -1]
-            return bool(piece.get("SpecialToken", {}).get("id") == token)
+        step = mapping(step, "tokenizer.json post_processor step")
+        single = step.get("single")
+        if step.get("type") == "TemplateProcessing" and single and token is not None:
+            piece = mapping(items(single, "TemplateProcessing.single")[0 if first else -1], "template piece")
+            return bool(mapping(piece.get("SpecialToken"), "template SpecialToken").get("id") == token)
     return False
 
 
@@ -217,25 +240,22 @@ def load_vocab(
     tokenizer's post-processor template. Raises InputError for a non byte-level-BPE
     model, an unrecognised pre-tokenizer, or special tokens that are not in the vocabulary.
     """
-    try:
-        tokenizer = json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))
-        tok_config = (
-            json.loads(Path(tokenizer_config).read_text(encoding="utf-8")) if tokenizer_config else {}
-        )
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(
-            f"cannot read tokenizer files ({tokenizer_json}, {tokenizer_config}): {exc}"
-        ) from exc
+    tokenizer = mapping(load_json(Path(tokenizer_json), "tokenizer.json"), "tokenizer.json")
+    tok_config = (
+        mapping(load_json(Path(tokenizer_config), "tokenizer_config.json"), "tokenizer_config.json")
+        if tokenizer_config
+        else {}
+    )
     config = config or {}
-    model = tokenizer.get("model") or {}
+    model = mapping(tokenizer.get("model"), "tokenizer.json model")
     _check_model(model)
     pre = detect_pre_tokenizer(tokenizer)
     vocab_size = config.get("vocab_size") if isinstance(config.get("vocab_size"), int) else None
     tokens, types = _token_table(tokenizer, vocab_size)
     ids = {tok: i for i, tok in enumerate(tokens)}
-    bos_id = _special_id("bos", tok_config, config, ids)
-    eos_id = _special_id("eos", tok_config, config, ids)
-    pad_id = _special_id("pad", tok_config, config, ids)
+    bos_id = _special_id("bos", tok_config, config, ids, len(tokens))
+    eos_id = _special_id("eos", tok_config, config, ids, len(tokens))
+    pad_id = _special_id("pad", tok_config, config, ids, len(tokens))
     add_bos = tok_config.get("add_bos_token")
     add_eos = tok_config.get("add_eos_token")
     return GGUFVocab(

@@ -16,7 +16,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -26,7 +25,9 @@ from typing import Any
 import gguf
 
 from pipeline.core.errors import InputError
+from pipeline.formats.jsonfile import load_json
 from pipeline.formats.tokenizer.gguf_vocab import GGUFVocab, chat_template
+from pipeline.formats.tokenizer.shapes import mapping, token_id, vocab_rows
 
 __all__ = ["SpmModel", "read_spm_model", "load_spm_vocab"]
 
@@ -141,6 +142,8 @@ def _piece(raw: bytes, label: str) -> tuple[str, float, int]:
             except UnicodeDecodeError as exc:
                 raise InputError(f"{label}: a piece is not UTF-8 ({exc})") from exc
         elif number == _PIECE_SCORE and isinstance(value, int):
+            if value >= 1 << 32:  # a float field is fixed32; a wider varint is not a score
+                raise InputError(f"{label}: piece {text!r:.80} has a score field that is not a float")
             score = struct.unpack("<f", value.to_bytes(4, "little"))[0]
         elif number == _PIECE_TYPE:
             kind = _int32(value)
@@ -212,10 +215,7 @@ def _check_llama_compatible(model: SpmModel, label: str) -> None:
 def _read_config(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(f"cannot read {Path(path).name}: {exc}") from exc
+    data = load_json(Path(path), Path(path).name)
     return data if isinstance(data, dict) else {}
 
 
@@ -225,21 +225,26 @@ def _apply_added_tokens(
     """tokenizer_config.json's added_tokens_decoder: special ones become control tokens."""
     decoder = tok_config.get("added_tokens_decoder") or {}
     for key, entry in decoder.items() if isinstance(decoder, Mapping) else ():
-        token_id, content = int(key), str(entry.get("content", ""))
-        if not 0 <= token_id < len(tokens):
+        entry = mapping(entry, f"tokenizer_config.json added_tokens_decoder[{key!r:.40}]")
+        content = str(entry.get("content", ""))
+        try:
+            index = token_id(key, "id")
+        except InputError:
+            index = -1
+        if not 0 <= index < len(tokens):
             raise InputError(
-                f"tokenizer_config.json added token {content!r} has id {token_id}, outside the "
+                f"tokenizer_config.json added token {content!r:.80} has id {key!r:.40}, outside the "
                 f"vocabulary of {len(tokens)} (config.json vocab_size)"
             )
         if (
-            types[token_id] in (gguf.TokenType.CONTROL, gguf.TokenType.UNKNOWN)
-            and tokens[token_id] == content
+            types[index] in (gguf.TokenType.CONTROL, gguf.TokenType.UNKNOWN)
+            and tokens[index] == content
         ):
             continue  # the model's own <s>, </s>, <unk>: keep their scores and types
         is_control = bool(entry.get("special")) or (content.startswith("<|") and content.endswith("|>"))
-        tokens[token_id] = content if is_control else content.replace("▁", " ")
-        types[token_id] = int(gguf.TokenType.CONTROL if is_control else gguf.TokenType.USER_DEFINED)
-        scores[token_id] = _ADDED_TOKEN_SCORE
+        tokens[index] = content if is_control else content.replace("▁", " ")
+        types[index] = int(gguf.TokenType.CONTROL if is_control else gguf.TokenType.USER_DEFINED)
+        scores[index] = _ADDED_TOKEN_SCORE
 
 
 def _special(name: str, model: SpmModel, tok_config: Mapping[str, Any], ids: Mapping[str, int]) -> int | None:
@@ -267,10 +272,7 @@ def load_spm_vocab(
     _check_llama_compatible(model, label)
     config = config or {}
     tok_config = _read_config(tokenizer_config)
-    declared = config.get("vocab_size")
-    size = declared if isinstance(declared, int) else len(model.pieces)
-    if size < len(model.pieces):
-        raise InputError(f"{label} has {len(model.pieces)} pieces but config.json vocab_size is {size}")
+    size = vocab_rows(config.get("vocab_size"), len(model.pieces), label)
     n_pad = size - len(model.pieces)
     tokens = list(model.pieces) + [f"[PAD{i}]" for i in range(len(model.pieces), size)]
     scores = list(model.scores) + [_ADDED_TOKEN_SCORE] * n_pad

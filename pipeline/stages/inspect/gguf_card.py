@@ -54,11 +54,14 @@ def _card_from_file(path: Path, name: str) -> ModelCard:
     source_types = allowed_source_types()
     # The one bounded reader: every count and length is checked against the file size first.
     reader = GGUFFile(path, label=name)
-    metadata = {
-        key: field.contents()
-        for key, field in reader.fields.items()
-        if not key.startswith("GGUF.") and len(field.data) <= _GGUF_CONFIG_MAX_ITEMS
-    }
+    try:
+        metadata = {
+            key: field.contents()
+            for key, field in reader.fields.items()
+            if not key.startswith("GGUF.") and len(field.data) <= _GGUF_CONFIG_MAX_ITEMS
+        }
+    except IntegrityError as exc:
+        raise IntegrityError(f"{name}: {exc}") from exc
     architecture = metadata.get("general.architecture")
     if not isinstance(architecture, str):
         raise InputError(f"{name}: GGUF metadata has no general.architecture string")

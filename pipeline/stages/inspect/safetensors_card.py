@@ -4,7 +4,8 @@ Nothing here reads tensor data. Refused, with the reason: a missing or malformed
 or an architecture not in `SUPPORTED_ARCHITECTURES`; pickle-only checkpoints (never unpickled);
 already-quantized "impostors" (``quantization_config``, GPTQ/AWQ files, packed-weight tensor
 names, integer or FP8 weight matrices); a shard index whose weight map leaves the folder or
-names missing shards or tensors.
+names missing shards or tensors; a config.json whose hyperparameters disagree
+with the tensor shapes (`shape_check`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pipeline.formats.jsonfile import load_json
 from pipeline.formats.model_card import CardTensor, ModelCard, TokenizerInfo
 from pipeline.formats.safetensors import TensorInfo, read_header
 from pipeline.stages.base import InputFile
+from pipeline.stages.inspect.shape_check import check_shapes
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "safetensors_card"]
 
@@ -46,7 +48,6 @@ _TOKENIZER_FILES = frozenset({
 })
 
 
-
 def safetensors_card(files: Mapping[str, InputFile], warnings: list[str]) -> ModelCard:
     """The card of an HF checkpoint: config.json, safetensors headers, tokenizer kind; refusals first."""
     config = _load_config(files)
@@ -56,6 +57,7 @@ def safetensors_card(files: Mapping[str, InputFile], warnings: list[str]) -> Mod
     shards, index_map = _select_shards(files, warnings)
     tensors = _read_tensors(files, shards, index_map)
     _refuse_quantized_tensors(tensors)
+    check_shapes(HF_ARCHITECTURES[hf_architecture], config, ((t.name, tuple(t.shape)) for _, t in tensors))
     return ModelCard(
         architecture=architecture,
         hf_architecture=hf_architecture,

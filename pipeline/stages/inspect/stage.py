@@ -8,7 +8,9 @@ tokenizer's type. The stage refuses, with the reason:
 - pickle-only checkpoints (``.bin``/``.pt``/``.pth``/``.ckpt``): never unpickled here;
 - already-quantized "impostors": ``quantization_config``, GPTQ/AWQ files, packed-weight tensor
   names (``qweight``, ``qzeros``, ``scales``, ``g_idx``...), integer or FP8 weight matrices;
-- a shard index whose weight map leaves the folder, names missing shards or missing tensors.
+- a shard index whose weight map leaves the folder, names missing shards or missing tensors;
+- a config.json whose hidden size, head counts, head size, feed-forward size, vocabulary or
+  layer count disagrees with the tensor shapes (`shape_check`: the tensor, expected and found).
 
 Output ``model_card.json`` (kind ``model-card``), a shape later stages rely on::
 

@@ -10,6 +10,11 @@ a failed check instead of a dead worker. The child loads the model once and, gre
 - evaluates ``text`` with logits for every position and saves them, float32
   ``[n_tokens, n_vocab]``, as ``.npy`` at ``logits_path`` for the parent to compare.
 
+When llama.cpp refuses the file, the failure names what llama.cpp itself said: the child
+captures llama.cpp's warning and error log lines through ``llama_log_set`` (llama-cpp-python
+silences them when not verbose and raises only "Failed to load model from file") and hands
+them back with the exception's one-line text; no Python traceback reaches the message.
+
 Example::
 
     result, why = run_probe(ProbeRequest(path=gguf, prompts=("1+1=",), text="The sun rises."), workdir)
@@ -17,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import subprocess
@@ -33,6 +39,12 @@ __all__ = ["ProbeRequest", "ProbeResult", "run_probe", "main"]
 
 _STDERR_TAIL_CHARS = 2000
 _MAX_RESULT_BYTES = 16 * 1024 * 1024
+_MAX_LOG_LINES = 40
+_MAX_LOG_LINE_CHARS = 400
+# ggml.h's ggml_log_level: DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (continues the previous
+# line's level). llama-cpp-python's own logger still maps 3 to ERROR, so it hides real errors.
+_LOG_WARN, _LOG_ERROR, _LOG_CONT = 3, 4, 5
+_TRACEBACK_HEAD = "Traceback (most recent call last):"
 
 
 @dataclass(frozen=True)
@@ -195,10 +207,95 @@ def _probe(request: dict[str, Any], logits_path: str) -> ProbeResult:
     )
 
 
+class _LlamaLog:
+    """llama.cpp's warning and error lines, captured in the child through ``llama_log_set``."""
+
+    def __init__(self, llama_cpp: Any) -> None:
+        self.errors: list[str] = []
+        self.warnings: list[str] = []
+        self._last = 0
+        self._pending = {_LOG_WARN: "", _LOG_ERROR: ""}
+        # Held on the instance: ctypes must keep the callback alive as long as llama.cpp may call it.
+        self._callback = llama_cpp.llama_log_callback(self._on_log)
+        llama_cpp.llama_log_set(self._callback, ctypes.c_void_p(0))
+
+    def _on_log(self, level: int, text: bytes | None, user_data: Any) -> None:
+        level = self._last if level == _LOG_CONT else level
+        self._last = level
+        if level not in self._pending or text is None:
+            return
+        pending = self._pending[level] + text.decode("utf-8", errors="replace")
+        *lines, self._pending[level] = pending.split("\n")
+        for line in lines:
+            self._keep(level, line)
+
+    def _keep(self, level: int, line: str) -> None:
+        target = self.errors if level == _LOG_ERROR else self.warnings
+        line = " ".join(line.split())  # llama.cpp pads numbers into columns
+        if line and len(target) < _MAX_LOG_LINES:
+            target.append(line[:_MAX_LOG_LINE_CHARS])
+
+    def document(self) -> dict[str, list[str]]:
+        for level, rest in self._pending.items():
+            self._keep(level, rest)
+            self._pending[level] = ""
+        return {"llama_errors": self.errors, "llama_warnings": self.warnings}
+
+
 def main() -> None:
-    """Child entry point: request JSON on stdin; result JSON (and logits) written where it says."""
+    """Child entry point: request JSON on stdin; result JSON (and logits) written where it says.
+
+    On failure the child writes ``error_path`` (the exception's one line and llama.cpp's own
+    warning and error lines) and exits 2, so the parent never has to show a traceback.
+    """
     request = json.loads(sys.stdin.read())
-    _probe(request["request"], request["logits_path"]).write(Path(request["result_path"]))
+    import llama_cpp
+
+    log = _LlamaLog(llama_cpp)
+    try:
+        _probe(request["request"], request["logits_path"]).write(Path(request["result_path"]))
+    except Exception as exc:  # every failure becomes a message for the parent, not a traceback
+        error = {"error": f"{type(exc).__name__}: {exc}"[:_MAX_LOG_LINE_CHARS], **log.document()}
+        Path(request["error_path"]).write_text(json.dumps(error), encoding="utf-8")
+        sys.exit(2)
+
+
+def _without_traceback(stderr: str) -> str:
+    """stderr with any Python traceback reduced to its last line (the exception's own text)."""
+    kept: list[str] = []
+    in_traceback = False
+    for line in stderr.splitlines():
+        if line.startswith(_TRACEBACK_HEAD):
+            in_traceback = True
+            continue
+        if in_traceback and (line.startswith(" ") or not line.strip()):
+            continue
+        in_traceback = False
+        kept.append(line)
+    return "\n".join(kept).strip()[-_STDERR_TAIL_CHARS:]
+
+
+def _failure(label: str, returncode: int, stderr: str, error_path: Path) -> str:
+    """Why the child failed, in llama.cpp's words where it said anything."""
+    head = f"llama.cpp could not load or run the {label} file"
+    if not error_path.is_file():
+        # The child died before it could write (an abort in ggml, a signal): llama.cpp's own
+        # stderr lines, with any Python traceback cut down to its last line.
+        return f"{head} (exit {returncode}): {_without_traceback(stderr) or 'no output'}"
+    try:
+        document = load_json(
+            error_path, f"{label} probe error", max_bytes=_MAX_RESULT_BYTES, error=IntegrityError
+        )
+    except IntegrityError:  # a garbled error file must not hide the failure itself
+        document = {}
+    if not isinstance(document, dict):
+        document = {}
+    said = [str(line) for line in document.get("llama_errors") or []]
+    said = said or [str(line) for line in (document.get("llama_warnings") or [])[-3:]]
+    python = str(document.get("error") or f"exit {returncode}")
+    if said:
+        return f"{head}; llama.cpp said: {'; '.join(said)}"[: 2 * _STDERR_TAIL_CHARS] + f" ({python})"
+    return f"{head}: {python} (llama.cpp logged no error)"
 
 
 def run_probe(
@@ -208,7 +305,13 @@ def run_probe(
     the caller deletes them. Nothing else stays in ``workdir``."""
     result_path = workdir / f".probe-{label}.json"
     logits_path = workdir / f".probe-{label}-logits.npy"
-    payload = {"request": asdict(request), "result_path": str(result_path), "logits_path": str(logits_path)}
+    error_path = workdir / f".probe-{label}-error.json"
+    payload = {
+        "request": asdict(request),
+        "result_path": str(result_path),
+        "logits_path": str(logits_path),
+        "error_path": str(error_path),
+    }
     # The child must import this same checkout even when it is not pip-installed.
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
@@ -228,10 +331,10 @@ def run_probe(
         return None, f"llama.cpp did not load and run {label} within {timeout_s:g} s"
     try:
         if proc.returncode != 0 or not result_path.is_file():
-            tail = proc.stderr.strip()[-_STDERR_TAIL_CHARS:]
             logits_path.unlink(missing_ok=True)
-            return None, f"llama.cpp could not load or run the {label} file (exit {proc.returncode}): {tail}"
+            return None, _failure(label, proc.returncode, proc.stderr, error_path)
         result = ProbeResult.load(result_path, label)
     finally:
         result_path.unlink(missing_ok=True)
+        error_path.unlink(missing_ok=True)
     return result, ""
