@@ -96,6 +96,8 @@ def wait_all_final(sessions, job_ids: list[int], timeout_s: float) -> None:  # t
 
 
 def submit(env: dict[str, str], sources: list[str]) -> list[int]:
+    # `bonsai submit` checks each source's form: a bare name becomes a hub-style id the no-op stages ignore.
+    sources = [name if "/" in name else f"bench/{name}" for name in sources]
     out = subprocess.run([sys.executable, "-m", "pipeline", "submit", *sources], env=env, cwd=ROOT,
                          capture_output=True, text=True, check=True)
     return [int(x) for x in out.stdout.split()]

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
 from pipeline.artifacts.local import LocalStore
@@ -52,15 +50,14 @@ def migrate_database(settings: Settings) -> str:
 
 
 def _require_current(engine: Engine) -> None:
-    head = ScriptDirectory.from_config(migrate.alembic_config(str(engine.url))).get_current_head()
-    with engine.connect() as connection:
-        current = MigrationContext.configure(connection).get_current_revision()
-    if current != head:
-        shown = engine.url.render_as_string(hide_password=True)
-        raise InputError(
-            f"database {shown} is at revision {current or 'none'}, code expects {head}; "
-            "run `bonsai db upgrade` first"
-        )
+    if migrate.is_current(engine):
+        return
+    shown = engine.url.render_as_string(hide_password=True)
+    head = migrate.script_head() or "the newest migration"
+    raise InputError(
+        f"database {shown} is at revision {migrate.current_revision(engine) or 'none'}, code expects {head}; "
+        "run `bonsai db upgrade` first"
+    )
 
 
 def build_store(settings: Settings) -> ArtifactStore:
@@ -83,7 +80,9 @@ def build_runtime(settings: Settings) -> Runtime:
     url = settings.resolved_database_url
     engine = engine_for(url)
     if url.startswith("sqlite"):
-        migrate_database(settings)
+        settings.home.mkdir(parents=True, exist_ok=True)
+        if not migrate.is_current(engine):  # a new or older file: migrate (Alembic loads only then)
+            migrate_database(settings)
     else:
         _require_current(engine)
     from pipeline.clients.hub import HfHubClient

@@ -27,7 +27,6 @@ from pipeline.db import repo
 from pipeline.db.models import StageRun
 from pipeline.formats.model_card import ModelCard
 from pipeline.stages.base import InputFile, OutputFile, StageResult
-from pipeline.stages.decompose.merge import REPORT_NAME, merge_part_reports
 
 __all__ = [
     "FANOUT_STAGES", "JoinOutcome", "shards_to_fan_out", "spawn_children", "latest_children", "settle_parent",
@@ -115,6 +114,9 @@ def settle_parent(session: Session, store: Any, parent_id: int, max_attempts: in
 def _merge_into(
     store: Any, parent: StageRun, children: list[StageRun], record: Any, session: Session
 ) -> None:
+    # Imported here: the decompose package loads torch, which `bonsai convert` needs only in that stage.
+    from pipeline.stages.decompose.merge import REPORT_NAME, merge_part_reports
+
     inputs: dict[str, InputFile] = {}
     parts: list[OutputFile] = []
     reports: list[Path] = []

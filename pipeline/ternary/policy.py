@@ -25,7 +25,6 @@ from typing import Any
 
 from pipeline.core.errors import InputError
 from pipeline.formats.gguf.types import block_geometry
-from pipeline.ternary.decompose_bonsai import METHODS as BONSAI_METHODS
 
 __all__ = ["Recipe", "TensorDecision", "RECIPES", "LINEAR_KINDS", "get_recipe", "decide"]
 
@@ -102,6 +101,9 @@ def get_recipe(name: str, options: Mapping[str, Any] | None = None) -> Recipe:
     for key, value in (options or {}).items():
         if key not in knobs:
             continue  # options are shared by all stages; other stages own other keys
+        # Here, not at the top: decompose_bonsai loads torch, and a recipe without options needs none.
+        from pipeline.ternary.decompose_bonsai import METHODS as BONSAI_METHODS
+
         if key == "irls_iters":
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 100:
                 raise InputError(f"recipe option irls_iters={value!r}; expected an integer from 0 to 100")

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
+
 from pipeline.app.cli import jobs, provenance, service  # noqa: F401 - importing registers the commands
-from pipeline.app.cli.main import cli
+from pipeline.app.cli.main import cli, exit_now
 
 __all__ = ["cli", "main"]
 
 
 def main() -> None:
-    cli(prog_name="bonsai")
+    # OpenMP's idle threads (torch, llama.cpp) sleep rather than spin on the cores the next stage needs.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    try:
+        cli(prog_name="bonsai")
+    except SystemExit as exc:
+        exit_now(exc.code)
+    exit_now(0)

@@ -16,9 +16,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from pipeline.core.errors import InputError
 from pipeline.core.files import require_free_space
@@ -26,10 +24,13 @@ from pipeline.formats.model_card import CARD_NAME, ModelCard
 from pipeline.formats.parts import PART_FORMAT
 from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult, inputs_of
 from pipeline.stages.decompose.merge import finish_report
-from pipeline.stages.decompose.shard import decompose_shard, read_part_index
-from pipeline.ternary.pack import tensor_nbytes
 from pipeline.ternary.policy import Recipe, decide, get_recipe
 from pipeline.ternary.report import TensorReport
+
+if TYPE_CHECKING:
+    import torch
+
+    from pipeline.formats.parts import PartIndex
 
 __all__ = ["NAME", "VERSION", "PART_FORMAT", "Params", "make_params", "run", "read_part_index", "part_name"]
 
@@ -70,7 +71,16 @@ def part_name(shard_index: int) -> str:
     return f"ternary/part-{shard_index:05d}.safetensors"
 
 
+def read_part_index(path: Path, label: str | None = None) -> PartIndex:
+    """The index of a part file, checked against its stored tensors; IntegrityError if it is not one."""
+    from pipeline.stages.decompose.shard import read_part_index as read
+
+    return read(path, label)
+
+
 def _resolve_device(device: str) -> torch.device:
+    import torch
+
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -98,6 +108,8 @@ def _source_module(card: ModelCard) -> Any:
 
 
 def _planned_bytes(shape: tuple[int, ...], ggml_type: str) -> int:
+    from pipeline.ternary.pack import tensor_nbytes
+
     try:
         return tensor_nbytes(ggml_type, shape)
     except ValueError:
@@ -106,6 +118,8 @@ def _planned_bytes(shape: tuple[int, ...], ggml_type: str) -> int:
 
 def _fit_backend(recipe: Recipe, device: torch.device) -> str:
     """What fits the ternary tensors: the compiled CPU kernel (with its thread count) or torch."""
+    import torch
+
     from pipeline.ternary import kernel
 
     optimal_uniform = recipe.method == "optimal" and recipe.irls_iters == 0
@@ -124,8 +138,11 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
 
     Raises InputError for a missing card or shard, an unsupported model (from the tensor plan),
     a value that does not fit its type; IntegrityError when the source disagrees with the card
-    or a written part does not read back as planned.
+    or a written part does not read back as planned. torch (through the shard code) loads
+    here, not when the module is imported: choosing params and the cache key need no torch.
     """
+    from pipeline.stages.decompose.shard import decompose_shard
+
     started = time.monotonic()
     device = _resolve_device(params.device)
     card = _load_card(inputs)

@@ -1,0 +1,66 @@
+"""A light start (issue 14): heavy libraries load only where a stage needs them, Alembic only to migrate."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline.db import migrate
+from pipeline.db.session import make_engine
+
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _loaded_after(code: str, modules: tuple[str, ...]) -> dict[str, bool]:
+    """Which of `modules` a fresh interpreter has loaded after running `code`."""
+    probe = f"{code}\nimport json, sys\nprint(json.dumps({{m: m in sys.modules for m in {modules!r}}}))\n"
+    path = os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=_ROOT, capture_output=True, text=True, check=True,
+                         env=env)
+    result: dict[str, bool] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_script_head_matches_alembic() -> None:
+    from alembic.script import ScriptDirectory
+
+    expected = ScriptDirectory.from_config(migrate.alembic_config("sqlite://")).get_current_head()
+    assert migrate.script_head() == expected
+
+
+def test_script_head_gives_up_on_a_branch(tmp_path: Path) -> None:
+    scripts = (("a.py", "0001", "None"), ("b.py", "0002", "'0001'"), ("c.py", "0003", "'0001'"))
+    for name, revision, down in scripts:
+        (tmp_path / name).write_text(f"revision: str = '{revision}'\ndown_revision: str | None = {down}\n")
+    assert migrate.script_head(tmp_path) is None  # two heads: the caller asks Alembic
+    (tmp_path / "c.py").write_text("revision = '0003'\ndown_revision = '0002'\n")
+    migrate.script_head.cache_clear()
+    assert migrate.script_head(tmp_path) == "0003"
+
+
+def test_is_current_follows_the_stored_revision(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'bonsai.db'}")
+    try:
+        assert migrate.current_revision(engine) is None and not migrate.is_current(engine)
+        migrate.upgrade(engine)
+        assert migrate.current_revision(engine) == migrate.script_head() and migrate.is_current(engine)
+        migrate.downgrade(engine, "-1")
+        assert not migrate.is_current(engine)
+    finally:
+        engine.dispose()
+
+
+def test_an_existing_home_starts_without_alembic_or_torch(tmp_path: Path) -> None:
+    setup = ("import pipeline.orchestration.bootstrap as b, pipeline.core.settings as s\n"
+             f"b.build_runtime(s.Settings(home={str(tmp_path)!r}))\n")
+    first = _loaded_after(setup, ("alembic",))
+    assert first == {"alembic": True}, "a new home must be migrated"
+    heavy = ("alembic", "torch", "numba", "llama_cpp", "celery")
+    again = _loaded_after(setup + "import pipeline.app.convert, pipeline.stages.decompose as d\n"
+                          "from pipeline.stages.base import JobSpec\n"
+                          "d.make_params(JobSpec('x', 'tq2_0', {}))\n", heavy)
+    assert again == dict.fromkeys(heavy, False)
