@@ -3,8 +3,8 @@
 The broker only carries "run stage run N"; the database holds everything else, so
 there is no result store (`NoResults`). Workers send task events, so Flower and
 `celery events` show every task as it is received, started, finished or revoked. Late acks
-with reject-on-worker-lost give a message back to the broker when a worker dies, and the atomic claim in the database keeps a second
-delivery from making a second attempt.
+with reject-on-worker-lost give a message back to the broker when a worker dies, and the
+atomic claim in the database keeps a second delivery from making a second attempt.
 """
 
 from __future__ import annotations
