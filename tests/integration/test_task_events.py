@@ -1,4 +1,4 @@
-"""Monitoring a real cluster: workers send task events (what Flower shows), a cancel logs no error."""
+"""Monitoring a real cluster: task events (what Flower shows), a quiet cancel, `status` in a pipe."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from tests.support.cluster import Cluster
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 HOLD_DECOMPOSE = {"BONSAI_STAGE_PACKAGE": "tests.support.fault_stages",
-                  "BONSAI_TEST_DECOMPOSE_FAULT": "delay:6"}
+                  "BONSAI_TEST_DECOMPOSE_FAULT": "delay:60"}
 
 
 @pytest.fixture
 def cluster(pg_url: str, broker_url: str, tmp_path: Path) -> Iterator[Cluster]:
-    made = Cluster(tmp_path / "home", pg_url, broker_url, dict(HOLD_DECOMPOSE))
+    made = Cluster(tmp_path / "home", pg_url, broker_url)
     made.home.mkdir()
     assert made.bonsai("db", "upgrade").returncode == 0
     yield made
@@ -56,6 +56,7 @@ class EventLog:
 
 def test_tasks_are_visible_and_cancel_logs_no_backend_error(cluster: Cluster, broker_url: str,
                                                             demo_checkpoint: Path) -> None:
+    cluster.extra_env.update(HOLD_DECOMPOSE)  # decompose waits: the cancel lands while it runs
     events = EventLog(broker_url)
     try:
         cluster.start_worker()
@@ -79,3 +80,20 @@ def test_tasks_are_visible_and_cancel_logs_no_backend_error(cluster: Cluster, br
     assert "No result backend" not in logs
     assert "Failed to mark task" not in logs
     assert "Terminating" in logs  # the holder stopped the attempt
+
+
+def test_status_warns_about_a_queue_no_live_worker_serves(cluster: Cluster, demo_checkpoint: Path) -> None:
+    cluster.start_worker(queues="io")  # download and checksum run; inspect (cpu) has nobody
+    (job_id,) = cluster.submit(str(demo_checkpoint))
+    cluster.wait_for(lambda: any(r.status == "queued" for r in cluster.runs(stage="inspect")), 120,
+                     "inspect to be queued")
+    shown = cluster.bonsai("status", str(job_id))
+    assert shown.returncode == 0, shown.stderr
+    assert f"job {job_id} running inspect (attempt 1)" in shown.stdout  # a pipe gets plain lines
+    assert f"job {job_id} waits on queue 'cpu', which no live worker serves" in shown.stderr
+    assert "bonsai worker --queues cpu" in shown.stderr
+
+    cluster.start_worker(queues="cpu,gpu")
+    watched = cluster.bonsai("status", "--watch", "0.5", str(job_id), timeout_s=300)
+    assert watched.returncode == 0, watched.stdout + watched.stderr  # it returns once the job is done
+    assert watched.stdout.strip().splitlines()[-1].startswith(f"job {job_id} succeeded")
