@@ -146,3 +146,22 @@ def test_attempt_log_keeps_the_tail_of_this_thread_only() -> None:
     assert lines[0] == "… 5 earlier line(s) not kept"
     assert lines[-1].endswith(f"line {MAX_LINES + 4}") and len(lines) == MAX_LINES + 1
     assert not any("another thread" in line for line in lines)
+
+
+class RefusingHub(DownHub):
+    def resolve_revision(self, repo_id: str, revision: str | None) -> str:
+        from pipeline.stages.validate import ValidationFailed
+
+        raise ValidationFailed("validation failed: repetition (the whole report: `bonsai show JOB --json`, "
+                               "under validation)", {"verdict": "fail"})
+
+
+def test_a_failure_pointing_at_show_names_the_real_job(tmp_path: Path) -> None:
+    rt = _runtime(tmp_path, hub=RefusingHub())
+    with session_scope(rt.sessions) as session:
+        job_id = repo.create_job(session, "acme/model@main", "tq2_0").id
+    assert run_job(rt, job_id) is JobState.FAILED
+    with session_scope(rt.sessions) as session:
+        (run,) = session.scalars(select(StageRun).where(StageRun.job_id == job_id))
+        assert f"`bonsai show {job_id} --json`" in run.error_message and "JOB" not in run.error_message
+        assert run.metrics == {"verdict": "fail"}  # the evidence that command shows
