@@ -13,7 +13,7 @@ from pipeline.db import repo
 from pipeline.db.session import session_scope
 from pipeline.orchestration.runtime import Runtime
 
-__all__ = ["print_jobs", "print_job", "watch_jobs"]
+__all__ = ["print_jobs", "print_job"]
 
 
 def _dump(data: Any) -> None:
@@ -41,24 +41,6 @@ def print_jobs(rt: Runtime, status: str | None, as_json: bool) -> None:
         _dump(rows)
         return
     Console().print(_jobs_table(rows))
-
-
-def watch_jobs(rt: Runtime, status: str | None, every_s: float | None) -> None:
-    """The jobs table once, or refreshed every `every_s` seconds until interrupted."""
-    if every_s is None:
-        Console().print(_jobs_table(_job_rows(rt, status)))
-        return
-    import time
-
-    from rich.live import Live
-
-    with Live(_jobs_table(_job_rows(rt, status)), refresh_per_second=4) as live:
-        try:
-            while True:
-                time.sleep(every_s)
-                live.update(_jobs_table(_job_rows(rt, status)))
-        except KeyboardInterrupt:
-            pass
 
 
 def print_job(rt: Runtime, job_id: int, as_json: bool) -> None:

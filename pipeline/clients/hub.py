@@ -3,8 +3,9 @@
 The download stage talks to the hub only through the `HubClient` protocol, so tests pass a
 fake or a real `HfHubClient` pointed at a hand-built cache, and nothing in the stage knows
 about huggingface_hub's exception zoo: `HfHubClient` turns every hub failure into one of our
-own errors (`InputError` for a repo or revision that does not exist, `TransientError` for a
-hub that could not be reached or answered 5xx).
+own errors (`InputError` for a repo or revision that does not exist, `UnreachableError` for a
+hub no connection can be opened to while the cache has no copy, `TransientError` for a hub that
+timed out or answered 5xx).
 
 Usage::
 
@@ -17,14 +18,16 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import re
+import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipeline.core.errors import InputError, TransientError
+from pipeline.core.errors import InputError, TransientError, UnreachableError
 
 __all__ = ["HubClient", "HubFile", "HfHubClient", "is_commit_sha"]
 
@@ -122,24 +125,30 @@ class HfHubClient:
         Online this asks the hub's tree listing (it carries the LFS sha256). Offline it reads the
         listing huggingface_hub cached when it downloaded the snapshot, when there is one.
         """
-        if self._offline():
-            return self._cached_listing(repo_id, commit_sha)
+        # A commit's listing never changes: a cached one is as good as the hub's (huggingface_hub's
+        # own snapshot_download reads it first too), and it spares a hub that cannot be reached.
+        cached = self._cached_listing(repo_id, commit_sha)
+        if cached or self._offline():
+            return cached
         from huggingface_hub import HfApi
         from huggingface_hub.hf_api import RepoFile
 
-        with self._translate(repo_id, commit_sha):
-            entries = HfApi(token=self._token).list_repo_tree(
-                repo_id, recursive=True, revision=commit_sha, token=self._token
-            )
-            files = [
-                HubFile(
-                    name=entry.path,
-                    size_bytes=entry.size,
-                    sha256=entry.lfs.sha256 if entry.lfs is not None else None,
+        try:
+            with self._translate(repo_id, commit_sha):
+                entries = HfApi(token=self._token).list_repo_tree(
+                    repo_id, recursive=True, revision=commit_sha, token=self._token
                 )
-                for entry in entries
-                if isinstance(entry, RepoFile)
-            ]
+                files = [
+                    HubFile(
+                        name=entry.path,
+                        size_bytes=entry.size,
+                        sha256=entry.lfs.sha256 if entry.lfs is not None else None,
+                    )
+                    for entry in entries
+                    if isinstance(entry, RepoFile)
+                ]
+        except UnreachableError:
+            return []  # the snapshot may still be cached; download_snapshot says so when it is not
         return sorted(files, key=lambda item: item.name)
 
     def download_snapshot(
@@ -188,7 +197,7 @@ class HfHubClient:
 
     @contextlib.contextmanager
     def _translate(self, repo_id: str, revision: str | None) -> Iterator[None]:
-        """Turn huggingface_hub and network exceptions into InputError / TransientError."""
+        """Turn huggingface_hub and network exceptions into InputError / UnreachableError / TransientError."""
         from huggingface_hub import errors as hf_errors
 
         where = f"hub repo {repo_id!r} at revision {revision or 'main'!r}"
@@ -221,16 +230,73 @@ class HfHubClient:
             if self._offline():
                 # Offline, the cache is all there is: retrying cannot help.
                 raise InputError(
-                    f"{where}: not found in the local hub cache ({self._cache_dir or 'HF_HUB_CACHE'}) "
-                    "and offline mode is on; populate the cache or allow network access"
+                    f"{where}: not in the local hub cache ({self._cache_label()}) and HF_HUB_OFFLINE is on; "
+                    f"{_fixes(repo_id, self._cache_label(), offline=True)}"
                 ) from exc
-            raise TransientError(f"{where}: the hub could not be reached ({exc})") from exc
+            if _connect_failure(exc) is not None:
+                raise self._unreachable(where, repo_id, exc) from exc
+            raise TransientError(f"{where}: the hub could not be reached in time ({_reason(exc)}); "
+                                 "retry later") from exc
         except (ConnectionError, TimeoutError) as exc:
+            if _connect_failure(exc) is not None:
+                raise self._unreachable(where, repo_id, exc) from exc
             raise TransientError(f"{where}: network failure talking to the hub ({exc})") from exc
         except Exception as exc:
+            if _connect_failure(exc) is not None:
+                raise self._unreachable(where, repo_id, exc) from exc
             if _is_transport_error(exc):
                 raise TransientError(f"{where}: network failure talking to the hub ({exc})") from exc
             raise
+
+    def _cache_label(self) -> str:
+        from huggingface_hub import constants
+
+        return str(Path(self._cache_dir or constants.HF_HUB_CACHE).expanduser())
+
+    def _unreachable(self, where: str, repo_id: str, exc: BaseException) -> UnreachableError:
+        from huggingface_hub import constants
+
+        cause = _connect_failure(exc)
+        return UnreachableError(
+            f"{where}: the hub at {constants.ENDPOINT} cannot be reached ({_reason(cause or exc)}) and the "
+            f"local hub cache holds no copy; {_fixes(repo_id, self._cache_label())}"
+        )
+
+
+def _fixes(repo_id: str, cache: str, *, offline: bool = False) -> str:
+    """The ways out for a user without the hub, in the order they would try them."""
+    switch = "keep HF_HUB_OFFLINE=1" if offline else "set HF_HUB_OFFLINE=1"
+    return (f"fix: download it first (`hf download {repo_id}` on a machine that reaches the hub, with its "
+            f"cache copied to {cache}) and {switch}, or pass a local folder holding the "
+            "checkpoint (`bonsai convert /path/to/model`)")
+
+
+def _connect_failure(exc: BaseException | None) -> BaseException | None:
+    """The link in `exc`'s cause chain that says no connection could be opened at all.
+
+    Connection refused, an unknown host name or no route do not pass in seconds: retrying is a
+    storm of identical errors. A timeout or a dropped connection may pass, and stays transient.
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, ConnectionRefusedError | socket.gaierror):
+            return exc
+        if isinstance(exc, OSError) and exc.errno in _NO_ROUTE:
+            return exc
+        if type(exc).__name__ == "ConnectError" and type(exc).__module__.split(".")[0] in _HTTP_LIBS:
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text if len(text) <= 120 else text[:117] + "…"
+
+
+_NO_ROUTE = {errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH}
+_HTTP_LIBS = {"httpx2", "httpx", "httpcore2", "httpcore"}
 
 
 def _is_transport_error(exc: BaseException) -> bool:

@@ -23,6 +23,12 @@ class TransientError(PipelineError):
     is_retryable = True
 
 
+class UnreachableError(PipelineError):
+    """A service cannot be reached at all (connection refused, unknown host, no route) and no local
+    copy can stand in: waiting seconds and retrying will not change that, so the message names the
+    fix (a cached copy, offline mode, a local folder) and the stage fails now."""
+
+
 class IllegalTransition(PipelineError):
     """A status change that the transition table does not allow."""
 

@@ -94,6 +94,8 @@ class StageRun(Base):
     error_kind: Mapped[str | None] = mapped_column(String(16))
     error_message: Mapped[str | None] = mapped_column(Text)
     error_traceback: Mapped[str | None] = mapped_column(Text)
+    # What the attempt logged (pipeline.* records of its thread, INFO and up; the tail when long).
+    log_text: Mapped[str | None] = mapped_column(Text)
     metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
     warnings: Mapped[list[str]] = mapped_column(default=list)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -32,6 +32,7 @@ from pipeline.db import repo
 from pipeline.db.models import Job, StageRun, utcnow
 from pipeline.db.session import session_scope
 from pipeline.orchestration import fanout
+from pipeline.orchestration.attempt_log import AttemptLog
 from pipeline.orchestration.heartbeat import Heartbeat
 from pipeline.orchestration.memory_guard import MemoryGuard
 from pipeline.orchestration.progression import OUT_OF_MEMORY
@@ -115,7 +116,12 @@ def execute_run(rt: Runtime, run_id: int, use_cache: bool = True) -> StageState:
 
 
 def _execute_run(rt: Runtime, run_id: int, use_cache: bool) -> StageState:
-    claimed = _claim(rt, run_id, use_cache)
+    with AttemptLog() as captured:
+        return _carry_out(rt, run_id, use_cache, captured)
+
+
+def _carry_out(rt: Runtime, run_id: int, use_cache: bool, captured: AttemptLog) -> StageState:
+    claimed = _claim(rt, run_id, use_cache, captured)
     if isinstance(claimed, StageState):
         return claimed
     if isinstance(claimed, _FannedOut):
@@ -140,6 +146,7 @@ def _execute_run(rt: Runtime, run_id: int, use_cache: bool) -> StageState:
                 log.warning("job %s stage %s: run %s is %s; outputs discarded",
                             job_id, stage.value, run_id, run.status)
                 return StageState(run.status)
+            run.log_text = captured.text()
             record_success(rt, session, run, module.VERSION, params, spec, inputs, result)
         return StageState.SUCCEEDED
     except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded outcome
@@ -148,13 +155,16 @@ def _execute_run(rt: Runtime, run_id: int, use_cache: bool) -> StageState:
             run = _lock_run(session, run_id)
             if run.status != StageState.RUNNING.value:
                 return StageState(run.status)
+            run.log_text = captured.text()
             record_failure(session, run, exc)
         return StageState.FAILED
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _claim(rt: Runtime, run_id: int, use_cache: bool) -> _Claimed | _FannedOut | StageState:
+def _claim(
+    rt: Runtime, run_id: int, use_cache: bool, captured: AttemptLog
+) -> _Claimed | _FannedOut | StageState:
     with session_scope(rt.sessions) as session:
         run = session.get(StageRun, run_id)
         if run is None:
@@ -174,6 +184,7 @@ def _claim(rt: Runtime, run_id: int, use_cache: bool) -> _Claimed | _FannedOut |
         except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded outcome
             if repo.claim_run(session, run_id, rt.worker_host):
                 session.refresh(run)
+                run.log_text = captured.text() or None
                 record_failure(session, run, exc)
                 return StageState.FAILED
             session.refresh(run)

@@ -144,6 +144,8 @@ def record_failure(session: Session, run: StageRun, exc: BaseException) -> None:
     evidence = getattr(exc, "metrics", None)
     extra = {"metrics": jsonable(evidence)} if isinstance(evidence, Mapping) else {}
     kind, message = _error_kind(exc), f"{type(exc).__name__}: {exc}"
+    # A stage does not know its job: its "see `bonsai show JOB`" gets the real number here.
+    message = message.replace("bonsai show JOB", f"bonsai show {run.job_id}")
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         # Not the stage's fault and maybe passing (space freed): retryable, with the fix named.
         kind = "retryable"

@@ -80,3 +80,15 @@ def test_workers_share_no_folder_and_keep_artifacts_in_the_bucket(services: dict
     mounted = [volume.split(":")[0] for svc in workers.values() for volume in svc.get("volumes", [])]
     assert len(mounted) == len(set(mounted)) == len(workers), f"each worker its own cache volume: {mounted}"
     assert "healthcheck" in services["s3"]
+
+
+def test_flower_loads_the_worker_app_with_task_events(services: dict[str, Any],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    command = services["flower"]["command"]
+    module = command[command.index("-A") + 1]
+    monkeypatch.setenv("BONSAI_BROKER_URL", "redis://127.0.0.1:6379/0")
+    app = importlib.import_module(module).app  # what `celery -A module` finds; no broker is contacted
+    assert app.conf.worker_send_task_events and app.conf.task_send_sent_event
+    assert app.backend.get_state("any-task-id") == "PENDING"  # a revoke's state lookup does not raise

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.clients.hub import HfHubClient, HubFile, is_commit_sha
-from pipeline.core.errors import InputError, TransientError
+from pipeline.core.errors import InputError, TransientError, UnreachableError
 from pipeline.stages import checksum, download
 from pipeline.stages.base import InputFile, JobSpec
 from pipeline.stages.sources import is_checkpoint_file
@@ -136,7 +136,9 @@ def test_http_errors_are_translated(tmp_path: Path) -> None:
         fail(http(hf_errors.RepositoryNotFoundError, 404))
     with pytest.raises(InputError, match="revision does not exist"):
         fail(http(hf_errors.RevisionNotFoundError, 404))
-    with pytest.raises(TransientError, match="network failure"):
+    with pytest.raises(UnreachableError, match="cannot be reached.*HF_HUB_OFFLINE=1"):
         fail(httpx2.ConnectError("refused", request=request))
-    with pytest.raises(TransientError, match="could not be reached"):
+    with pytest.raises(TransientError, match="network failure"):
+        fail(httpx2.ReadTimeout("slow", request=request))
+    with pytest.raises(TransientError, match="could not be reached in time"):
         fail(hf_errors.RevisionResolutionError("no network"))

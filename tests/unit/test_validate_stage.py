@@ -119,9 +119,15 @@ def test_repetition_detector() -> None:
     assert "period of 3" in rep([1, 2, 3, 4, 7, 8, 9, 7, 8, 9, 7, 8], "x")  # type: ignore[operator]
     # An imperfect cycle (one odd token) is still a cycle.
     assert "period of 2" in rep([1, 2, 3, 4, 5, 6, 8, 9, 8, 9, 8, 7, 8, 9, 8, 9, 8, 9], "x")  # type: ignore[operator]
-    assert rep([1, 2, 3], "111111") is not None
-    # The demo's old output passed the old detector; a short pattern repeated is a loop.
-    assert "' tre' repeats" in rep(list(range(16)), " tre tre tre tre treumK 12val tre tre tre treumK 12")  # type: ignore[operator]
+    # Judged by token ids: three different tokens that decode to "111111" are not a loop...
+    assert rep([1, 2, 3], "111111") is None
+    # ...nor seven different byte tokens that each render as U+FFFD.
+    assert rep([239, 240, 241, 242, 243, 244, 245], "\ufffd" * 7) is None
+    # The demo's output (" tre" is one token): a short pattern repeated is a loop.
+    tre = [7, 7, 7, 7, 7, 30, 31, 32, 7, 7, 7, 7, 30, 31]
+    assert "token 7 repeats" in rep(tre, " tre tre tre tre treumK 12val tre tre tre treumK 12")  # type: ignore[operator]
+    # Without ids (an old report) the text stands in.
+    assert "' tre' repeats" in rep([], " tre tre tre tre")  # type: ignore[operator]
     assert rep([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], "1+1=2, 2+2=4") is None
     # Gemma 3 270M's own answer: counting is not a loop.
     counting = [
@@ -233,7 +239,7 @@ def test_demo_validates_against_its_source(
     assert report["source"]["completion"]["text"][:8] == report["text"][:8]
     assert (
         checks["repetition"] == "warn"
-        and "source loops the same way" in report["details"]["repetition"]["reason"]
+        and "so the conversion is not to blame" in report["details"]["repetition"]["reason"]
     )
     assert report["verdict"] == "warn" and "chat_answer" not in checks
     assert report["chat"] == {"skipped": "the file has no tokenizer.chat_template"}
@@ -276,6 +282,8 @@ def test_chat_template_is_used(packaged_gguf: Path, tmp_path: Path) -> None:
     assert report["checks"]["chat_answer"] == "warn"  # random weights: no "2"
     assert report["chat"]["prompt"] == "What is 1+1?" and isinstance(report["chat"]["text"], str)
     assert report["details"]["chat_answer"]["expected"] == "2"
+    # The ids llama.cpp generated, not the text tokenized again (bytes rendered as U+FFFD would merge).
+    assert report["chat"]["tokens_source"] == "sampled" and 1 <= len(report["chat"]["tokens"]) <= 8
 
 
 @pytest.mark.llama

@@ -1,4 +1,4 @@
-"""Commands about jobs: convert, submit, list, show, status, retry, cancel, and the demo checkpoint."""
+"""Commands about jobs: convert, submit, list, show, cancel, and the demo checkpoint."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from pipeline.app.cli.main import (
     guard,
     parse_options,
     require_broker,
-    stage_names,
 )
 
 
@@ -91,30 +90,6 @@ def submit(obj: CliContext, sources: tuple[str, ...], manifest: Path | None, rec
 
 @cli.command()
 @click.argument("job_id", type=int)
-@click.option("--from", "from_stage", type=click.Choice([s.value for s in stage_names()]), default=None,
-              help="First stage to rerun (default: the first one not done).")
-@click.option("--force", is_flag=True, help="Ignore cached results for the rerun stages.")
-@click.pass_obj
-@guard
-def retry(obj: CliContext, job_id: int, from_stage: str | None, force: bool) -> None:
-    """New attempts for STAGE and everything after it; earlier attempts are kept."""
-    from pipeline.core.states import StageName
-    from pipeline.db.session import session_scope
-    from pipeline.orchestration.job_control import retry_job
-
-    rt = obj.runtime()
-    with session_scope(rt.sessions) as session:
-        run_ids = retry_job(session, job_id, StageName(from_stage) if from_stage else None, force)
-    click.echo(f"job {job_id}: {len(run_ids)} new attempts")
-    if obj.settings.is_embedded:
-        from pipeline.app.convert import run_and_report
-
-        sys.exit(run_and_report(rt, job_id, as_json=False))
-    rt.launcher.start(job_id)
-
-
-@cli.command()
-@click.argument("job_id", type=int)
 @click.pass_obj
 @guard
 def cancel(obj: CliContext, job_id: int) -> None:
@@ -127,18 +102,6 @@ def cancel(obj: CliContext, job_id: int) -> None:
         task_ids = cancel_job(session, job_id)
     rt.launcher.revoke(task_ids)
     click.echo(f"job {job_id} cancelled ({len(task_ids)} task(s) revoked)")
-
-
-@cli.command()
-@click.option("--watch", "watch_s", type=float, default=None, help="Refresh every N seconds.")
-@click.option("--status", "status", default=None, help="Only jobs in this state.")
-@click.pass_obj
-@guard
-def status(obj: CliContext, watch_s: float | None, status: str | None) -> None:
-    """Jobs with their progress; with --watch, a live table."""
-    from pipeline.app.reports import watch_jobs
-
-    watch_jobs(obj.runtime(), status, watch_s)
 
 
 @cli.command("demo-checkpoint")

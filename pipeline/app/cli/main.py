@@ -72,10 +72,10 @@ def cli(
     verbose: bool,
 ) -> None:
     """Bonsai Pipeline: checkpoints to ternary GGUF, every step recorded."""
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    level = logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:  # the level is the console's: attempts keep INFO lines
+        handler.setLevel(level)
     try:
         settings = Settings.from_env(
             home=home, database_url=db_url, broker_url=broker_url, artifact_root=artifact_root

@@ -31,6 +31,10 @@ def worker(obj: CliContext, queues: str, concurrency: int, hostname: str | None)
     app = app_for(obj.settings)
     register_tasks(app)
     name = hostname or f"bonsai-{'-'.join(wanted)}@%h"
+    import logging
+
+    for handler in logging.getLogger().handlers:  # the worker logs at --loglevel INFO, not the CLI's level
+        handler.setLevel(logging.NOTSET)
     app.worker_main(["worker", "-Q", ",".join(wanted), "-c", str(concurrency), "-O", "fair",
                      "-n", name, "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
 

@@ -68,7 +68,8 @@ class ProbeResult:
     """What llama.cpp did with one file: load time, vocabulary size, completions, chat, the text's
     tokens, the backend; ``logits_path``: where the text's logits (``.npy``) were left, if any.
 
-    Each completion is ``{"prompt", "text", "tokens", "prompt_tokens", "gen_s", "tokens_per_s"}``.
+    Each completion is ``{"prompt", "text", "tokens", "prompt_tokens", "gen_s", "tokens_per_s"}``;
+    ``tokens`` are the generated token ids (the chat's too: ``tokens_source`` 'sampled').
     """
 
     load_s: float
@@ -128,6 +129,18 @@ def _greedy(model: Any, prompt: str, max_tokens: int) -> dict[str, Any]:
 
 
 def _chat(model: Any, prompt: str, max_tokens: int, seed: int) -> dict[str, Any]:
+    import numpy as np
+
+    # The chat API returns text only. Greedy sampling takes the arg-max of the logits, and a logits
+    # processor sees them at every step (first in the sampler chain, indexed by token id), so it
+    # records the ids actually generated: re-tokenizing the text would turn distinct byte tokens
+    # rendered as U+FFFD into one repeated token.
+    sampled: list[int] = []
+
+    def record(_input_ids: Any, logits: Any) -> Any:
+        sampled.append(int(np.argmax(logits)))
+        return logits
+
     started = time.perf_counter()
     reply = model.create_chat_completion(
         messages=[{"role": "user", "content": prompt}],
@@ -138,13 +151,19 @@ def _chat(model: Any, prompt: str, max_tokens: int, seed: int) -> dict[str, Any]
         repeat_penalty=1.0,
         max_tokens=max_tokens,
         seed=seed,
+        logits_processor=[record],
     )
     text = reply["choices"][0]["message"]["content"] or ""
+    n_generated = min(int((reply.get("usage") or {}).get("completion_tokens") or 0), max_tokens)
+    tokens = sampled[:n_generated]
+    is_sampled = bool(tokens) and len(sampled) >= n_generated
+    if not is_sampled:
+        tokens = model.tokenize(text.encode("utf-8"), add_bos=False, special=False)
     return {
         "prompt": prompt,
         "text": text,
-        # Re-tokenized: the repetition detector works on ids, the API returns text.
-        "tokens": model.tokenize(text.encode("utf-8"), add_bos=False, special=False),
+        "tokens": tokens,
+        "tokens_source": "sampled" if is_sampled else "retokenized",
         "finish_reason": reply["choices"][0].get("finish_reason"),
         "gen_s": round(time.perf_counter() - started, 4),
     }

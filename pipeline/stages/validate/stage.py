@@ -71,7 +71,7 @@ __all__ = [
 ]
 
 NAME = "validate"
-VERSION = "2"
+VERSION = "3"  # 3: repetition judged by token ids against the source
 
 log = logging.getLogger(__name__)
 
