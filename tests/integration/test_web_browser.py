@@ -196,13 +196,14 @@ def test_user_logs_in_and_browses_a_converted_job(
     assert "token=" not in browser.current_url
 
     row.click()
-    _wait(browser, lambda d: len(_css(d, "#timeline .attempt")) == 6, "six stage attempts")
+    _wait(browser, lambda d: len(_css(d, "#timeline .attempt")) == 7, "seven stage attempts")
     attempts = [
         (a.get_attribute("data-stage"), a.get_attribute("data-status"))
         for a in _css(browser, "#timeline .attempt")
     ]
     assert attempts == [
-        (s, "succeeded") for s in ("download", "checksum", "inspect", "decompose", "package", "validate")
+        (s, "succeeded")
+        for s in ("download", "checksum", "inspect", "calibrate", "decompose", "package", "validate")
     ]
     assert _css(browser, "#validation .verdict")[0].text in ("pass", "warn")
 
