@@ -3,7 +3,8 @@
 Inputs: ``inspect/model_card.json`` and the source shards ``download/<name>`` (safetensors, or one
 ``.gguf`` file whose tensors are dequantized: `formats.gguf.tensor_source`); with
 ``importance=imatrix`` or ``method=gptq``, calibrate's importance or Gram matrices (`calibration`).
-For each source shard (1-based index ``i`` in the card's shards) the stage writes ``ternary/part-<i:05d>.safetensors``
+For each source shard (1-based index ``i`` in the card's shards) the stage writes
+``ternary/part-<i:05d>.safetensors``
 (`formats.parts`: GGUF-ready bytes keyed by GGUF name, with their index), streamed one tensor at
 a time (`shard.decompose_shard`). Also ``report.json`` (`ternary.report.build_report`) and
 ``sparsity.png``. Runs on CUDA when available (``device="auto"``).
