@@ -113,7 +113,9 @@ def test_decompose_reads_calibration_only_when_asked() -> None:
 
 
 @pytest.mark.llama
-def test_default_calibration_is_the_source_reference_only(source: dict[str, InputFile], tmp_path: Path) -> None:
+def test_default_calibration_is_the_source_reference_only(
+    source: dict[str, InputFile], tmp_path: Path
+) -> None:
     params = calibrate.make_params(JobSpec("demo"))
     result = calibrate.run(params, source, tmp_path)
     assert [(o.name, o.kind) for o in result.outputs] == [("reference.npz", "source-reference")]
