@@ -83,3 +83,11 @@ def test_imatrix_and_gptq_conversion_then_a_second_job_reuses_the_calibration(wo
     assert reused["status"] == "skipped-cached" and reused["cached_from_id"] == calibrate["id"]
     assert {o["sha256"] for o in reused["outputs"]} == {o["sha256"] for o in calibrate["outputs"]}
     assert _stage(second, "decompose")["status"] == "succeeded"
+
+
+def test_a_calibration_file_that_is_not_text_is_refused(workspace: Path) -> None:
+    (workspace / "binary.txt").write_bytes(b"calibration \xff\xfe text")
+    result = _bonsai(workspace, "convert", "demo", "--option", "importance=imatrix",
+                     "--calibration", "binary.txt")
+    assert result.returncode != 0 and "is not UTF-8 text" in result.stderr
+    assert "Traceback" not in result.stderr
