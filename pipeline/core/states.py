@@ -25,6 +25,7 @@ class StageName(StrEnum):
     DOWNLOAD = "download"
     CHECKSUM = "checksum"
     INSPECT = "inspect"
+    CALIBRATE = "calibrate"
     DECOMPOSE = "decompose"
     PACKAGE = "package"
     VALIDATE = "validate"

@@ -177,7 +177,7 @@ def _claim(
             params = module.make_params(JobSpec(job.source, job.recipe, job.params))
             if run.shard:
                 params = replace(params, shards=(run.shard,))
-            inputs = gather_inputs(session, rt.store, job, stage)
+            inputs = _selected(module, params, gather_inputs(session, rt.store, job, stage))
             key = _cache_key_for(module, stage, params, inputs, rt.clients)
         except SQLAlchemyError:
             raise  # the database itself failed: nothing can be recorded; the reconciler retries
@@ -211,6 +211,12 @@ def _claim(
                 log.info("job %s stage %s: fanning out over %d shards", job.id, stage.value, len(shards))
                 return _FannedOut(fanout.spawn_children(session, run, shards))
         return _Claimed(module, params, inputs, _spec(job), stage, job.id, run.attempt)
+
+
+def _selected(module: Any, params: Any, inputs: dict[str, InputFile]) -> Mapping[str, InputFile]:
+    """The upstream outputs the stage reads for these params (all, unless it says otherwise)."""
+    select = getattr(module, "select_inputs", None)
+    return dict(select(params, inputs)) if select is not None else inputs
 
 
 def _spec(job: Job) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Where each stage runs and for how long: plain tables, readable without Celery (metrics, CLI, docs).
 
 Queues are by resource: ``io`` (download, checksum), ``cpu`` (inspect, package), ``gpu``
-(decompose, validate; a CPU-only worker can serve it too).
+(calibrate, decompose, validate; a CPU-only worker can serve it too).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ QUEUE_OF: dict[StageName, str] = {
     StageName.CHECKSUM: "io",
     StageName.INSPECT: "cpu",
     StageName.PACKAGE: "cpu",
+    StageName.CALIBRATE: "gpu",
     StageName.DECOMPOSE: "gpu",
     StageName.VALIDATE: "gpu",
 }
@@ -26,6 +27,7 @@ TIME_LIMITS_S: dict[StageName, tuple[int, int]] = {
     StageName.DOWNLOAD: (6 * 3600, 6 * 3600 + 300),
     StageName.CHECKSUM: (2 * 3600, 2 * 3600 + 300),
     StageName.INSPECT: (1800, 1900),
+    StageName.CALIBRATE: (6 * 3600, 6 * 3600 + 300),
     StageName.DECOMPOSE: (12 * 3600, 12 * 3600 + 300),
     StageName.PACKAGE: (4 * 3600, 4 * 3600 + 300),
     StageName.VALIDATE: (3600, 3900),

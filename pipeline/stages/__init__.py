@@ -1,4 +1,8 @@
-"""The six stages, each a module with NAME, VERSION, Params, make_params() and run().
+"""The seven stages, each a module with NAME, VERSION, Params, make_params() and run().
+
+A stage module may also define ``select_inputs(params, inputs)``: the subset of its upstream
+outputs it reads for these params (decompose reads calibrate's files only when its recipe asks);
+the cache key and the recorded input links cover exactly that subset.
 
 Modules are imported on first use: torch and llama.cpp load only where a stage needs them.
 """
@@ -18,9 +22,11 @@ UPSTREAM: dict[StageName, tuple[StageName, ...]] = {
     StageName.DOWNLOAD: (),
     StageName.CHECKSUM: (StageName.DOWNLOAD,),
     StageName.INSPECT: (StageName.DOWNLOAD, StageName.CHECKSUM),
-    StageName.DECOMPOSE: (StageName.DOWNLOAD, StageName.INSPECT),
+    StageName.CALIBRATE: (StageName.DOWNLOAD, StageName.INSPECT),
+    StageName.DECOMPOSE: (StageName.DOWNLOAD, StageName.INSPECT, StageName.CALIBRATE),
     StageName.PACKAGE: (StageName.DOWNLOAD, StageName.INSPECT, StageName.DECOMPOSE),
-    StageName.VALIDATE: (StageName.PACKAGE, StageName.DECOMPOSE, StageName.INSPECT, StageName.DOWNLOAD),
+    # The source's side of validation is calibrate's reference: validate never reads the source files.
+    StageName.VALIDATE: (StageName.PACKAGE, StageName.DECOMPOSE, StageName.CALIBRATE),
 }
 
 
@@ -31,7 +37,7 @@ def load_stage(stage: StageName, package: str = "pipeline.stages") -> ModuleType
 
 if TYPE_CHECKING:
     # mypy checks every stage module against the Stage protocol here.
-    from pipeline.stages import checksum, decompose, download, inspect, package, validate
+    from pipeline.stages import calibrate, checksum, decompose, download, inspect, package, validate
     from pipeline.stages.base import Stage
 
-    STAGE_MODULES: tuple[Stage, ...] = (download, checksum, inspect, decompose, package, validate)
+    STAGE_MODULES: tuple[Stage, ...] = (download, checksum, inspect, calibrate, decompose, package, validate)

@@ -33,7 +33,8 @@ LINEAR_KINDS: tuple[str, ...] = (
     "attn_q", "attn_k", "attn_v", "attn_output", "attn_qkv", "ffn_gate", "ffn_up", "ffn_down",
 )
 _LINEAR = re.compile(r"^blk\.(\d+)\.(" + "|".join(LINEAR_KINDS) + r")\.weight$")
-_METHODS = ("optimal", "absmean", "absmax")
+_METHODS = ("optimal", "absmean", "absmax", "gptq")
+GPTQ = "gptq"  # the error-compensating fit: needs the calibrate stage's Gram matrices
 _HIGH_PRECISION = ("F16", "BF16", "F32", "Q8_0")
 _Q8_0_BLOCK = 32
 
@@ -43,7 +44,8 @@ class Recipe:
     """A named set of policy knobs.
 
     ``ternary_type``: TQ2_0 (2.0625 bpw), TQ1_0 (1.6875 bpw), Q2_0 (2.25 bpw, groups of 64) or
-    Q1_0 (binary, 1.125 bpw, groups of 128). ``method``: the per-block fit. ``irls_iters``:
+    Q1_0 (binary, 1.125 bpw, groups of 128). ``method``: the per-block fit, or ``gptq``: the
+    error-compensating fit against each layer's input Gram matrix (from the calibrate stage). ``irls_iters``:
     refinement passes after the fit (0 = none; TQ recipes only, the Q fits are exact).
     ``levels``: Q2_0 only: 3 = ternary codes (ternary Bonsai), 4 = also code +2 with a signed
     scale (the grid {-1,0,1,2}·d or its mirror). ``embed_type`` / ``output_type``:
@@ -117,14 +119,18 @@ def get_recipe(name: str, options: Mapping[str, Any] | None = None) -> Recipe:
             if value not in (3, 4) or isinstance(value, bool):
                 raise InputError(f"recipe option levels={value!r}; expected 3 (ternary) or 4 (adds code +2)")
         elif key == "method" and recipe.ternary_type in BONSAI_METHODS:
-            allowed = BONSAI_METHODS[recipe.ternary_type]
+            allowed = (*BONSAI_METHODS[recipe.ternary_type], GPTQ)
             if value not in allowed:
                 raise InputError(f"recipe option method={value!r} for recipe {name!r}; expected one of "
                                  f"{', '.join(allowed)}")
         elif value not in _ALLOWED[key]:
             raise InputError(f"recipe option {key}={value!r}; expected one of {', '.join(_ALLOWED[key])}")
         changes[key] = value
-    return replace(recipe, **changes)
+    result = replace(recipe, **changes)
+    if result.method == GPTQ and result.irls_iters:
+        raise InputError(f"recipe option irls_iters={result.irls_iters} does not combine with method=gptq, "
+                         "which fits against the layer's inputs instead; leave irls_iters at 0")
+    return result
 
 
 def _plain(name: str, shape: tuple[int, ...], ggml_type: str, why: str, recipe: Recipe) -> TensorDecision:

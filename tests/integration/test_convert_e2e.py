@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = [pytest.mark.services, pytest.mark.llama, pytest.mark.slow]
 
-STAGES = ["download", "checksum", "inspect", "decompose", "package", "validate"]
+STAGES = ["download", "checksum", "inspect", "calibrate", "decompose", "package", "validate"]
 
 
 def _bonsai(home: Path, db_url: str, *args: str) -> subprocess.CompletedProcess[str]:

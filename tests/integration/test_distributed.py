@@ -19,7 +19,7 @@ from tests.support.hub_cache import COMMIT, REPO, cache_from_folder
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
-LATER_STAGES = ["checksum", "inspect", "decompose", "package", "validate"]
+LATER_STAGES = ["checksum", "inspect", "calibrate", "decompose", "package", "validate"]
 
 
 @pytest.fixture

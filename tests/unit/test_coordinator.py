@@ -31,7 +31,7 @@ def test_running_stage_means_wait_and_all_done_means_done() -> None:
     everything = {s: S.SUCCEEDED for s in STAGE_ORDER}
     assert next_step(everything).kind is StepKind.DONE
     assert progress(everything) == 1.0
-    assert progress(_done_until(StageName.INSPECT)) == 2 / 6
+    assert progress(_done_until(StageName.INSPECT)) == 2 / 7
 
 
 def test_retry_defaults_to_first_unfinished_stage() -> None:

@@ -33,4 +33,4 @@ def test_mixed_kinds_are_refused() -> None:
 def test_downstream_of_keeps_pipeline_order() -> None:
     assert downstream_of(StageName.PACKAGE) == (StageName.PACKAGE, StageName.VALIDATE)
     assert downstream_of(StageName.DOWNLOAD)[0] is StageName.DOWNLOAD
-    assert len(downstream_of(StageName.DOWNLOAD)) == 6
+    assert len(downstream_of(StageName.DOWNLOAD)) == 7

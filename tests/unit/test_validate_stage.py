@@ -46,15 +46,28 @@ def packaged_gguf(
 
 
 @pytest.fixture(scope="module")
-def source_inputs(
+def download_inputs(
     demo_checkpoint: Path, demo_card: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, InputFile]:
-    """The demo source as validate sees it: the download files and the model card."""
+    """The demo source as calibrate and decompose see it: the download files and the model card."""
     card_path = tmp_path_factory.mktemp("card") / "model_card.json"
     card_path.write_text(json.dumps(demo_card))
     items = {f"download/{n}": _input(f"download/{n}", demo_checkpoint / n) for n in _SOURCE_FILES}
     items["inspect/model_card.json"] = _input("inspect/model_card.json", card_path)
     return items
+
+
+@pytest.fixture(scope="module")
+def source_inputs(
+    download_inputs: dict[str, InputFile], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, InputFile]:
+    """The source's side as validate sees it: calibrate's reference (the source run once, stored)."""
+    from pipeline.stages import calibrate
+
+    work = tmp_path_factory.mktemp("calibrate")
+    result = calibrate.run(calibrate.make_params(JobSpec(source="demo")), download_inputs, work)
+    (reference,) = result.outputs
+    return {"calibrate/reference.npz": _input("calibrate/reference.npz", reference.path)}
 
 
 def _run(path: Path, tmp: Path, extra: dict[str, InputFile] | None = None, **options: Any) -> dict[str, Any]:
@@ -246,7 +259,19 @@ def test_demo_validates_against_its_source(
     assert 0 < report["n_tokens"] <= 16 and report["backend"]["device"] == "cpu" and report["load_s"] > 0
     written = json.loads((tmp_path / "validation.json").read_text())
     assert written == json.loads(json.dumps(report))
-    assert not list(tmp_path.glob(".*"))  # probe scratch, logits, reference and partial report are gone
+    assert not list(tmp_path.glob(".*"))  # probe scratch, logits and partial report are gone
+    # The source's side came from the stored reference: validate read no source file, wrote no GGUF.
+    assert not list(tmp_path.rglob("*.gguf")) and agreement["reference_top_k"] == 64
+    assert agreement["mean_kl_lower"] <= agreement["mean_kl"] + 4 * agreement["mean_kl_stderr"] + 1e-9
+
+
+@pytest.mark.llama
+def test_a_reference_for_other_prompts_is_not_used(
+    packaged_gguf: Path, source_inputs: dict[str, InputFile], tmp_path: Path
+) -> None:
+    report = _run(packaged_gguf, tmp_path, source_inputs, prompt="2+2=", expected="4")
+    assert report["checks"]["agreement"] == "warn" and "other prompts" in report["source"]["error"]
+    assert report["source"]["completion"] is None and "source_answer" not in report["checks"]
 
 
 @pytest.mark.llama
@@ -356,15 +381,15 @@ def test_probe_failure_text_drops_python_tracebacks(tmp_path: Path) -> None:
 
 @pytest.mark.llama
 def test_real_decompose_package_validate_chain(
-    demo_checkpoint: Path, source_inputs: dict[str, InputFile], tmp_path: Path
+    download_inputs: dict[str, InputFile], source_inputs: dict[str, InputFile], tmp_path: Path
 ) -> None:
     """The real producer: decompose's parts and report feed package, then validate checks against them."""
     from pipeline.stages import decompose
 
     job = JobSpec(source="demo", options={"device": "cpu", "n_threads": 2})
-    dec = decompose.run(decompose.make_params(job), source_inputs, _workdir(tmp_path, "dec"))
+    dec = decompose.run(decompose.make_params(job), download_inputs, _workdir(tmp_path, "dec"))
     dec_inputs = {f"decompose/{o.name}": _input(f"decompose/{o.name}", o.path) for o in dec.outputs}
-    pkg = package.run(package.make_params(job), {**source_inputs, **dec_inputs}, _workdir(tmp_path, "pkg"))
+    pkg = package.run(package.make_params(job), {**download_inputs, **dec_inputs}, _workdir(tmp_path, "pkg"))
     val_inputs = {
         **source_inputs,
         "package/model.gguf": _input("package/model.gguf", pkg.outputs[0].path),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -18,22 +19,36 @@ from pipeline.app.cli.main import (
 )
 
 
+def _with_calibration(options: dict[str, Any], path: Path | None) -> dict[str, Any]:
+    """The options with ``calibration_text`` read from ``path`` (the job stores the text itself, so
+    its digest keys calibrate's cache and its provenance records it)."""
+    if path is None:
+        return options
+    from pipeline.calibration.text import read_calibration_file
+
+    return {**options, "calibration_text": read_calibration_file(path)}
+
+
 @cli.command()
 @click.argument("source")
 @click.option("--recipe", default="tq2_0", show_default=True, help="Named recipe (tq2_0, tq1_0).")
 @click.option("--option", "options", multiple=True, help="Recipe knob KEY=VALUE (repeatable).")
+@click.option("--calibration", "calibration", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Calibration text (UTF-8) for recipes that use one (importance=imatrix, method=gptq); "
+                   "default: the built-in text.")
 @click.option("--out", type=click.Path(path_type=Path), help="Also copy the GGUF here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the job detail as JSON at the end.")
 @click.pass_obj
 @guard
-def convert(obj: CliContext, source: str, recipe: str, options: tuple[str, ...], out: Path | None,
-            as_json: bool) -> None:
+def convert(obj: CliContext, source: str, recipe: str, options: tuple[str, ...], calibration: Path | None,
+            out: Path | None, as_json: bool) -> None:
     """Convert SOURCE in this process (embedded mode), with progress."""
     from pipeline.app.convert import convert_source
 
     if out is not None and out.exists():
         fail(f"--out {out} already exists; choose a new path (artifacts are never overwritten)")
-    code = convert_source(obj.runtime(), source, recipe, parse_options(options), out, as_json)
+    knobs = _with_calibration(parse_options(options), calibration)
+    code = convert_source(obj.runtime(), source, recipe, knobs, out, as_json)
     sys.exit(code)
 
 
@@ -68,16 +83,20 @@ def show(obj: CliContext, job_id: int, as_json: bool) -> None:
 @click.option("--recipe", default="tq2_0", show_default=True)
 @click.option("--priority", default=0, show_default=True, help="Higher runs sooner.")
 @click.option("--option", "options", multiple=True, help="Recipe knob KEY=VALUE (repeatable).")
+@click.option("--calibration", "calibration", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Calibration text (UTF-8) for recipes that use one (importance=imatrix, method=gptq); "
+                   "default: the built-in text.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 @guard
 def submit(obj: CliContext, sources: tuple[str, ...], manifest: Path | None, recipe: str, priority: int,
-           options: tuple[str, ...], as_json: bool) -> None:
+           options: tuple[str, ...], calibration: Path | None, as_json: bool) -> None:
     """Record jobs and dispatch them to workers; prints the job ids."""
     from pipeline.orchestration.job_control import JobRequest, read_manifest
 
     require_broker(obj, "submit")
-    requests = [JobRequest(s, recipe, priority, parse_options(options)) for s in sources]
+    knobs = _with_calibration(parse_options(options), calibration)
+    requests = [JobRequest(s, recipe, priority, knobs) for s in sources]
     if manifest is not None:
         requests += read_manifest(manifest, recipe, priority)
     if not requests:

@@ -1,4 +1,4 @@
-"""Stage 4, decompose: ternary fitting of every eligible weight, streamed into part files."""
+"""Stage 5, decompose: ternary fitting of every eligible weight, streamed into part files."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pipeline.stages.decompose.stage import (
     part_name,
     read_part_index,
     run,
+    select_inputs,
 )
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "PART_FORMAT",
     "Params",
     "make_params",
+    "select_inputs",
     "run",
     "read_part_index",
     "part_name",

@@ -22,10 +22,12 @@ from pipeline.core.files import atomic_path
 from pipeline.formats.model_card import ModelCard
 from pipeline.formats.parts import PartEntry, PartIndex
 from pipeline.formats.rawio import pread_exact
+from pipeline.stages.decompose.calibration import CalibrationInputs
 from pipeline.stages.decompose.repack import TERNARY_SOURCE_TYPES, repack
 from pipeline.ternary.decompose import decompose_packed
 from pipeline.ternary.pack import bits_per_weight, decode_bytes, encode_plain, tensor_nbytes
-from pipeline.ternary.policy import Recipe, TensorDecision
+from pipeline.ternary.packed import PackedMatrix
+from pipeline.ternary.policy import GPTQ, Recipe, TensorDecision
 from pipeline.ternary.report import TensorReport
 
 __all__ = ["PART_TYPES", "read_part_index", "decompose_shard"]
@@ -51,17 +53,37 @@ class _Probe:
     rel_error: float = 0.0
 
 
+def _fit_ternary(
+    name: str, weight: torch.Tensor, decision: TensorDecision, recipe: Recipe, device: torch.device,
+    out: npt.NDArray[np.uint8] | None, calibration: CalibrationInputs | None,
+) -> tuple[PackedMatrix, str]:
+    """The packed fit and what the report adds to the decision's reason (calibration used)."""
+    if recipe.method == GPTQ:
+        if calibration is None:
+            raise InputError(f"{name}: method=gptq needs the calibrate stage's Gram matrices")
+        from pipeline.ternary.decompose_gptq import decompose_gptq_packed
+
+        gram = calibration.gram(name)
+        return decompose_gptq_packed(weight, decision.ggml_type, gram, recipe.levels, device, out), (
+            "; fitted against its input Gram matrix (calibration)")
+    importance = calibration.importance(name, int(weight.shape[1])) if calibration else None
+    note = "; importance-weighted by the calibration imatrix" if importance is not None else (
+        "; no importance recorded for it: fitted unweighted" if calibration and calibration.imatrix else "")
+    return decompose_packed(weight, decision.ggml_type, recipe.method, importance=importance,
+                            irls_iters=recipe.irls_iters, device=device, out=out, levels=recipe.levels), note
+
+
 def _encode(
     name: str, weight: torch.Tensor, decision: TensorDecision, recipe: Recipe, device: torch.device,
-    out: npt.NDArray[np.uint8] | None = None,
+    out: npt.NDArray[np.uint8] | None = None, calibration: CalibrationInputs | None = None,
 ) -> tuple[npt.NDArray[np.uint8], TensorReport]:
     """Bytes in the decided type plus the tensor's report line; ternary bytes land in ``out`` if given."""
     shape = tuple(weight.shape)
     n_params = weight.numel()
+    note = ""
     if decision.is_ternary:
         try:
-            result = decompose_packed(weight, decision.ggml_type, recipe.method, irls_iters=recipe.irls_iters,
-                                      device=device, out=out, levels=recipe.levels)
+            result, note = _fit_ternary(name, weight, decision, recipe, device, out, calibration)
         except ValueError as exc:
             raise InputError(f"{name}: cannot decompose into {decision.ggml_type}: {exc}") from exc
         raw = result.raw
@@ -84,7 +106,8 @@ def _encode(
         sparsity, absmean_rel, absmean_sq, n_zero = None, None, None, 0
     line = TensorReport(
         name=name, shape=list(shape), ggml_type=decision.ggml_type, is_ternary=decision.is_ternary,
-        is_fallback=decision.is_fallback, reason=decision.reason, n_params=n_params, n_bytes=int(raw.size),
+        is_fallback=decision.is_fallback, reason=decision.reason + note, n_params=n_params,
+        n_bytes=int(raw.size),
         bits_per_weight=bits_per_weight(decision.ggml_type), rel_error=rel, sparsity=sparsity,
         absmean_rel_error=absmean_rel, sq_error=sq_error, absmean_sq_error=absmean_sq, sq_norm=sq_norm,
         n_zero=n_zero,
@@ -143,6 +166,7 @@ def _verify_part(path: Path, planned: PartIndex, probe: _Probe) -> None:
 def decompose_shard(
     source: Any, card: ModelCard, files: Mapping[str, Path], shard: str, final: Path,
     planned: list[Any], decisions: Mapping[str, TensorDecision], recipe: Recipe, device: torch.device,
+    calibration: CalibrationInputs | None = None,
 ) -> list[TensorReport]:
     """Stream one source shard into one part file at ``final``; returns its report lines."""
     index = _plan_index(planned, decisions)
@@ -168,7 +192,7 @@ def decompose_shard(
                 raise IntegrityError(f"shard {shard!r}: expected {name} {list(shape)} next, "
                                      f"source gave {got_name} {list(weight.shape)}")
             raw, line = _encode_or_repack(name, weight, decisions[name], recipe, device, out,
-                                          stored.get(name))
+                                          stored.get(name), calibration)
             _write_tensor(handle, name, raw, n_bytes)
             if name == probe.name:
                 probe.weight, probe.rel_error = weight.clone(), line.rel_error
@@ -203,14 +227,14 @@ def _ternary_source_tensors(
 
 def _encode_or_repack(
     name: str, weight: torch.Tensor, decision: TensorDecision, recipe: Recipe, device: torch.device,
-    out: npt.NDArray[np.uint8], stored: tuple[str, Any] | None,
+    out: npt.NDArray[np.uint8], stored: tuple[str, Any] | None, calibration: CalibrationInputs | None = None,
 ) -> tuple[npt.NDArray[np.uint8], TensorReport]:
     """A stored ternary tensor moved to the target layout without loss when it can be; else fitted."""
     if stored is None:
-        return _encode(name, weight, decision, recipe, device, out)
+        return _encode(name, weight, decision, recipe, device, out, calibration)
     moved = repack(np.asarray(stored[1]), stored[0], decision.ggml_type)
     if moved.raw is None:
-        raw, line = _encode(name, weight, decision, recipe, device, out)
+        raw, line = _encode(name, weight, decision, recipe, device, out, calibration)
         return raw, replace(line, reason=f"{line.reason}; {moved.note}")
     values = decode_bytes(moved.raw, decision.ggml_type, tuple(weight.shape))
     if not np.array_equal(values, weight.numpy()):

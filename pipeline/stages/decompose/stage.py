@@ -1,8 +1,10 @@
-"""Stage 4, decompose: every eligible weight matrix becomes ternary codes with fp16 block scales.
+"""Stage 5, decompose: every eligible weight matrix becomes ternary codes with fp16 block scales.
 
 Inputs: ``inspect/model_card.json`` and the source shards ``download/<name>`` (safetensors, or one
-``.gguf`` file whose tensors are dequantized: `formats.gguf.tensor_source`). For each source
-shard (1-based index ``i`` in the card's shards) the stage writes ``ternary/part-<i:05d>.safetensors``
+``.gguf`` file whose tensors are dequantized: `formats.gguf.tensor_source`); with
+``importance=imatrix`` or ``method=gptq``, calibrate's importance or Gram matrices (`calibration`).
+For each source shard (1-based index ``i`` in the card's shards) the stage writes
+``ternary/part-<i:05d>.safetensors``
 (`formats.parts`: GGUF-ready bytes keyed by GGUF name, with their index), streamed one tensor at
 a time (`shard.decompose_shard`). Also ``report.json`` (`ternary.report.build_report`) and
 ``sparsity.png``. Runs on CUDA when available (``device="auto"``).
@@ -23,6 +25,7 @@ from pipeline.core.files import require_free_space
 from pipeline.formats.model_card import CARD_NAME, ModelCard
 from pipeline.formats.parts import PART_FORMAT
 from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult, inputs_of
+from pipeline.stages.decompose.calibration import load_calibration, wanted_input
 from pipeline.stages.decompose.merge import finish_report
 from pipeline.ternary.policy import Recipe, decide, get_recipe
 from pipeline.ternary.report import TensorReport
@@ -32,7 +35,8 @@ if TYPE_CHECKING:
 
     from pipeline.formats.parts import PartIndex
 
-__all__ = ["NAME", "VERSION", "PART_FORMAT", "Params", "make_params", "run", "read_part_index", "part_name"]
+__all__ = ["NAME", "VERSION", "PART_FORMAT", "Params", "make_params", "select_inputs", "run",
+           "read_part_index", "part_name"]
 
 NAME = "decompose"
 VERSION = "1"
@@ -46,11 +50,13 @@ class Params:
 
     ``device``: "auto" (CUDA when available, else CPU), "cpu", "cuda" or "cuda:N".
     ``shards``: names of the source shards to process (fan-out across workers); empty = all.
+    ``importance``: "none", or "imatrix": weight each ternary fit by calibrate's importance matrix.
     """
 
     recipe: Recipe
     device: str = "auto"
     shards: tuple[str, ...] = ()
+    importance: str = "none"
 
 
 def make_params(job: JobSpec) -> Params:
@@ -63,7 +69,20 @@ def make_params(job: JobSpec) -> Params:
     shards = options.get("shards") or ()
     if isinstance(shards, str) or not all(isinstance(s, str) for s in shards):
         raise InputError(f"option shards={shards!r}; expected a list of shard file names")
-    return Params(recipe=get_recipe(job.recipe, options), device=device, shards=tuple(shards))
+    recipe = get_recipe(job.recipe, options)
+    importance = options.get("importance", "none") or "none"
+    if importance not in ("none", "imatrix"):
+        raise InputError(f"option importance={importance!r}; expected none or imatrix")
+    if importance == "imatrix" and recipe.method not in ("optimal", "gptq"):
+        raise InputError(f"option importance=imatrix weights the optimal fit; method={recipe.method!r} "
+                         "ignores it: use method=optimal or drop importance")
+    return Params(recipe=recipe, device=device, shards=tuple(shards), importance=str(importance))
+
+
+def select_inputs(params: Params, inputs: Mapping[str, InputFile]) -> dict[str, InputFile]:
+    """Upstream outputs this recipe reads: calibrate's files only when importance or gptq asks."""
+    return {key: item for key, item in inputs.items()
+            if wanted_input(key, params.importance, params.recipe.method)}
 
 
 def part_name(shard_index: int) -> str:
@@ -156,6 +175,7 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
         raise InputError(f"shards {unknown or missing} are not in the card's shards {shards} or the inputs; "
                          "check the download and inspect outputs")
     recipe = params.recipe
+    calibration = load_calibration(inputs, params.importance, recipe.method)
     decisions = {p.gguf_name: decide(p.gguf_name, p.shape, recipe) for p in plan}
     needed = sum(_planned_bytes(p.shape, decisions[p.gguf_name].ggml_type)
                  for p in plan if p.shard in selected)
@@ -167,12 +187,13 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
         planned = [p for p in plan if p.shard == shard]
         log.info("stage decompose: shard %s (%d tensors) -> %s on %s", shard, len(planned), name, device)
         rows += decompose_shard(_source_module(card), card, files, shard, workdir / name, planned, decisions,
-                                recipe, device)
+                                recipe, device, calibration)
         outputs.append(OutputFile(name, workdir / name, "ternary-part"))
     elapsed_s = time.monotonic() - started
     header = {
         "format": "decompose-report/1", "recipe": recipe.name, "ternary_type": recipe.ternary_type,
         "method": recipe.method, "irls_iters": recipe.irls_iters, "levels": recipe.levels,
+        "importance": params.importance,
         "device": str(device),
         "fit_backend": _fit_backend(recipe, device),
         "shards": selected, "elapsed_s": round(elapsed_s, 3), "peak_rss_bytes": _peak_rss_bytes(),

@@ -1,4 +1,4 @@
-"""Stage 5, package: decompose's parts + metadata + tokenizer -> one verified llama.cpp GGUF file."""
+"""Stage 6, package: decompose's parts + metadata + tokenizer -> one verified llama.cpp GGUF file."""
 
 from __future__ import annotations
 

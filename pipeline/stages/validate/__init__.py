@@ -1,4 +1,4 @@
-"""Stage 6, validate: run the GGUF next to its source in llama.cpp and judge the result."""
+"""Stage 7, validate: run the GGUF in llama.cpp and judge it against the source's stored answers."""
 
 from __future__ import annotations
 

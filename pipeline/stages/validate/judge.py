@@ -1,6 +1,7 @@
 """Judging what a model generated and how far its predictions are from its source's.
 
-Pure functions over token ids, texts and logits (numpy): no llama.cpp, no files.
+Pure functions over token ids, texts and logits (numpy): no llama.cpp; the agreement check reads the
+candidate's logits file and scores it against calibrate's stored source reference.
 
 Example::
 
@@ -20,8 +21,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipeline.calibration.predictions import AgreementStats, agreement_stats
+from pipeline.core.errors import IntegrityError
 
 if TYPE_CHECKING:
+    from pipeline.calibration.agreement import ReferenceAgreement
+    from pipeline.calibration.reference import SourceReference
     from pipeline.stages.validate.params import Params
     from pipeline.stages.validate.probe import ProbeResult
 
@@ -36,6 +40,7 @@ _LOOP_MATCH = 0.8  # a cycle may be imperfect: this share of the tail must follo
 _MIN_TEXT_UNIT_REPEATS = 3  # " tre tre tre": a unit of text three times in a row...
 _MIN_TEXT_LOOP_CHARS = 6  # ...spanning at least this many characters ("111111", "ababab")
 _MAX_TEXT_UNIT_CHARS = 16
+_AGREEMENT = "agreement"  # the reference's name for the agreement text (calibrate.answers.AGREEMENT)
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,19 @@ def first_answer(text: str) -> str | None:
     """The first number in a completion ("2" in " 2, 2+1=3"), or None when there is none."""
     match = re.search(r"-?\d+(?:\.\d+)?", text)
     return match.group(0) if match else None
+
+
+def _score(reference: SourceReference, candidate: ProbeResult, tokens: list[int]) -> ReferenceAgreement:
+    """The candidate's logits on the agreement text against the reference's (same token ids)."""
+    from pipeline.calibration.agreement import ReferenceScorer
+
+    scorer = ReferenceScorer(reference, [_AGREEMENT])
+    (index,) = scorer.indices
+    if list(reference.sequences.ids[index]) != list(tokens):
+        raise IntegrityError("the source reference was made on other tokens of the agreement text; "
+                             "retry the job from calibrate")
+    scorer.add(index, np.load(str(candidate.logits_path)))
+    return scorer.result()
 
 
 # --- checks over what llama.cpp did with each model (`probe` results) ---------------------------
@@ -222,10 +240,19 @@ def repetition_check(candidate: ProbeResult, source: ProbeResult | None) -> Chec
 
 
 def agreement_check(
-    candidate: ProbeResult, source: ProbeResult | None, source_why: str, params: Params
+    candidate: ProbeResult,
+    source: ProbeResult | None,
+    source_why: str,
+    params: Params,
+    reference: SourceReference | None = None,
 ) -> Check:
-    """Top-1 agreement and mean KL over the built-in text, judged against the thresholds."""
-    if source is None:
+    """Top-1 agreement and mean KL over the agreement text, judged against the thresholds.
+
+    The source's side is calibrate's stored reference (top-k log-probs and tail draws): the KL is
+    its unbiased estimate, ``mean_kl_lower`` a guaranteed lower bound, ``mean_kl_stderr`` the
+    noise the draws leave (`calibration.agreement`).
+    """
+    if source is None or reference is None:
         return Check("agreement", "warn", f"agreement with the source not measured: {source_why}")
     if not params.agreement_text:
         return Check("agreement", "warn", "agreement not measured: the agreement text option is empty")
@@ -248,8 +275,15 @@ def agreement_check(
             f"the tokenizers disagree on the agreement text: source "
             f"{len(ids_src)} tokens, converted {len(ids_cand)}, first difference at token {first}",
         )
-    stats = agreement_stats(np.load(str(source.logits_path)), np.load(str(candidate.logits_path)), ids_src)
-    numbers = {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(stats).items()}
+    scored = _score(reference, candidate, ids_src)
+    stats = scored.stats
+    numbers: dict[str, Any] = {
+        k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(stats).items()
+    }
+    numbers.update({
+        "mean_kl_lower": round(scored.mean_kl_lower, 6), "mean_kl_stderr": round(scored.mean_kl_stderr, 6),
+        "reference_top_k": scored.top_k, "reference_tail_samples": scored.tail_samples,
+    })
     numbers["is_text_truncated"] = bool((source.text or {})["is_truncated"])
     detail = (
         f"top-1 agreement {stats.top1_agreement:.1%}, mean KL {stats.mean_kl:.3f} nats over "

@@ -1,9 +1,9 @@
-"""Validate stage: run the converted GGUF in llama.cpp next to its source and judge the result.
+"""Validate stage: run the converted GGUF in llama.cpp and judge it against its source's stored answers.
 
-Inputs: ``package/model.gguf``; ``decompose/report.json`` (what was decided); and the source:
-``inspect/model_card.json`` with the ``download/*`` files. The source is run as a GGUF too:
-a GGUF source as it is, an HF checkpoint as a 16-bit GGUF built here from the same tensors
-decompose read, under the converted file's metadata (`validation.reference`).
+Inputs: ``package/model.gguf``; ``decompose/report.json`` (what was decided); and the source's
+side, ``calibrate/reference.npz``: the source's own answers to the same prompts and its next-token
+log-probs on the agreement text, computed once per source by the calibrate stage. Validate runs
+only the converted file; it never reads, converts or runs the source.
 
 Output ``validation.json``, the same dict as the stage's metrics (so ``bonsai show --json``
 carries it as "validation"): the verdict, ``checks`` (name -> pass / warn / fail),
@@ -36,12 +36,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pipeline.core.errors import InputError, IntegrityError, PipelineError
+from pipeline.core.errors import InputError, IntegrityError
 from pipeline.formats.jsonfile import load_json
-from pipeline.formats.model_card import ModelCard
-from pipeline.stages.base import InputFile, OutputFile, StageResult, inputs_of
+from pipeline.stages.base import InputFile, OutputFile, StageResult
 from pipeline.stages.validate import file_checks
 from pipeline.stages.validate.judge import (
     Check,
@@ -55,6 +54,9 @@ from pipeline.stages.validate.judge import (
 from pipeline.stages.validate.params import DEFAULT_AGREEMENT_TEXT, Params, ValidationFailed, make_params
 from pipeline.stages.validate.probe import ProbeRequest, ProbeResult, run_probe
 from pipeline.stages.validate.report import REPORT_NAME, ValidationReport
+
+if TYPE_CHECKING:
+    from pipeline.calibration.reference import SourceReference
 
 __all__ = [
     "NAME",
@@ -71,7 +73,7 @@ __all__ = [
 ]
 
 NAME = "validate"
-VERSION = "3"  # 3: repetition judged by token ids against the source
+VERSION = "3"  # 3: repetition judged by token ids; scored against calibrate's source reference
 
 log = logging.getLogger(__name__)
 
@@ -91,26 +93,24 @@ def _request(path: Path, params: Params) -> ProbeRequest:
     )
 
 
-def _reference(
-    inputs: Mapping[str, InputFile], converted: Path, workdir: Path
-) -> tuple[Path | None, str, str]:
-    """(path of the source as GGUF or None, its kind, why there is none)."""
-    from pipeline.stages.validate.reference import build_reference
+def _source(
+    inputs: Mapping[str, InputFile], request: ProbeRequest
+) -> tuple[ProbeResult | None, SourceReference | None, str, str]:
+    """(the source's answers, its reference, the source's kind, why there is none) from calibrate."""
+    from pipeline.calibration.reference import read_reference
+    from pipeline.stages.calibrate.answers import REFERENCE_NAME, SourceAnswers, request_key
 
-    card_item = inputs.get("inspect/model_card.json")
-    download = {name: item.path for name, item in inputs_of(inputs, "download").items()}
-    if card_item is None or not download:
-        return None, "none", "no source inputs (inspect/model_card.json, download/*) were given"
-    card = ModelCard.load(card_item.path, "inspect/model_card.json")
-    if card.is_gguf:
-        shard = card.shards[0] if card.shards else ""
-        if shard not in download:
-            return None, "gguf-source", f"the source file {shard!r} is not among the inputs"
-        return download[shard], "gguf-source", ""
-    try:
-        return build_reference(card, download, converted, workdir / ".reference.gguf"), "hf-16bit", ""
-    except PipelineError as exc:
-        return None, "hf-16bit", f"could not build the 16-bit reference from the source: {exc}"
+    item = inputs.get(f"calibrate/{REFERENCE_NAME}")
+    if item is None:
+        return None, None, "none", f"no source reference (calibrate/{REFERENCE_NAME}) was given"
+    reference = read_reference(item.path)
+    answers = SourceAnswers.from_info(reference.info)
+    if dict(answers.request) != request_key(request):
+        return None, None, answers.kind, (
+            "the source reference was made for other prompts or another agreement text than this "
+            "validation's; retry the job from calibrate"
+        )
+    return answers.probe, reference, answers.kind, ""
 
 
 def _load_decompose_report(inputs: Mapping[str, InputFile]) -> dict[str, Any] | None:
@@ -134,14 +134,10 @@ def _checks(
     summary: Any,
     params: Params,
     inputs: Mapping[str, InputFile],
-    workdir: Path,
 ) -> tuple[list[Check], dict[str, Any]]:
     """Every check after a successful load, and the source's side of the report."""
     decompose_report = _load_decompose_report(inputs)
-    ref_path, ref_kind, why = _reference(inputs, path, workdir)
-    source: ProbeResult | None = None
-    if ref_path is not None:
-        source, why = run_probe(_request(ref_path, params), workdir, params.timeout_s, label="source")
+    source, reference, ref_kind, why = _source(inputs, _request(path, params))
     try:
         checks = [
             answer_check(
@@ -161,10 +157,10 @@ def _checks(
                 )
             )
         checks += [c for c in [source_answer_check(source, params)] if c is not None]
-        checks += [repetition_check(candidate, source), agreement_check(candidate, source, why, params)]
+        checks += [repetition_check(candidate, source),
+                   agreement_check(candidate, source, why, params, reference)]
     finally:
-        _drop_logits(candidate, source)
-        (workdir / ".reference.gguf").unlink(missing_ok=True)
+        _drop_logits(candidate)
     ternary_type = file_checks.recipe_ternary_type(params.recipe, decompose_report)
     checks += [
         file_checks.check_sparsity(path, decompose_report),
@@ -210,7 +206,7 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
                     {"load_s": candidate.load_s},
                 )
             )
-            more, source = _checks(candidate, item.path, summary, params, inputs, workdir)
+            more, source = _checks(candidate, item.path, summary, params, inputs)
             checks += more
     report = ValidationReport.build(params, item, summary, candidate, checks, source)
     path = workdir / REPORT_NAME

@@ -1,5 +1,5 @@
-"""The 16-bit reference of an HF source: same metadata and tensor names as the converted file,
-the source's exact weights, computed tensors copied from the converted file."""
+"""The 16-bit GGUF of an HF source that calibrate runs: the packager's metadata and tensor names,
+the source's exact weights, computed tensors (rope factors) as the packager computes them."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from pipeline.formats.hf.checkpoint import iter_tensors
 from pipeline.formats.model_card import ModelCard
 from pipeline.stages import package
 from pipeline.stages.base import JobSpec
-from pipeline.stages.validate.reference import REFERENCE_KEY, build_reference
+from pipeline.stages.calibrate.source_gguf import REFERENCE_KEY, write_source_gguf
+
+_PACKAGER_ONLY = ("general.file_type", "general.name", "general.quantization_version")
 
 
 def _converted(checkpoint: Path, card: dict[str, Any], tmp: Path) -> Path:
@@ -28,27 +30,32 @@ def _converted(checkpoint: Path, card: dict[str, Any], tmp: Path) -> Path:
     return package.run(package.make_params(JobSpec(source="demo")), inputs, tmp / "work").outputs[0].path
 
 
-def test_reference_holds_the_source_weights(
+def _files(checkpoint: Path) -> dict[str, Path]:
+    return {p.name: p for p in checkpoint.iterdir() if p.is_file()}
+
+
+def test_source_gguf_holds_the_source_weights(
     demo_checkpoint: Path, demo_card: dict[str, Any], tmp_path: Path
 ) -> None:
     converted = _converted(demo_checkpoint, demo_card, tmp_path)
-    files = {shard: demo_checkpoint / shard for shard in demo_card["shards"]}
-    ref = GGUFFile(build_reference(ModelCard.from_dict(demo_card), files, converted, tmp_path / "ref.gguf"))
+    card = ModelCard.from_dict(demo_card)
+    ref = GGUFFile(write_source_gguf(card, _files(demo_checkpoint), tmp_path / "ref.gguf"))
     conv = GGUFFile(converted)
     assert [t.name for t in ref.tensors] == [t.name for t in conv.tensors]
+    # Same architecture keys, vocabulary and tokenizer as the packaged file: only the weights differ.
     for key, field in conv.fields.items():
-        if key not in ("general.file_type", "bonsai.recipe"):
+        if key not in _PACKAGER_ONLY and not key.startswith("bonsai."):
             assert ref.fields[key].typed() == field.typed(), key
     assert ref.fields[REFERENCE_KEY].contents() is True
     by_name = {t.name: t for t in ref.tensors}
-    for name, weight in iter_tensors(ModelCard.from_dict(demo_card), files, "model.safetensors"):
+    for name, weight in iter_tensors(card, _files(demo_checkpoint), "model.safetensors"):
         tensor = by_name[name]
-        # The demo is BF16: the reference keeps it exactly (1-D tensors as F32).
+        # The demo is BF16: the source GGUF keeps it exactly (1-D tensors as F32).
         assert tensor.tensor_type.name == ("F32" if weight.ndim == 1 else "BF16"), name
         np.testing.assert_array_equal(dequantize_tensor(tensor), weight.numpy())
 
 
-def test_computed_tensors_come_from_the_converted_file(demo_checkpoint: Path, tmp_path: Path) -> None:
+def test_computed_tensors_equal_the_packagers(demo_checkpoint: Path, tmp_path: Path) -> None:
     checkpoint = tmp_path / "llama3"
     shutil.copytree(demo_checkpoint, checkpoint)
     config = json.loads((checkpoint / "config.json").read_text())
@@ -62,8 +69,7 @@ def test_computed_tensors_come_from_the_converted_file(demo_checkpoint: Path, tm
     (checkpoint / "config.json").write_text(json.dumps(config))
     card = card_for_checkpoint(checkpoint)
     converted = _converted(checkpoint, card, tmp_path)
-    files = {shard: checkpoint / shard for shard in card["shards"]}
-    ref_path = build_reference(ModelCard.from_dict(card), files, converted, tmp_path / "ref.gguf")
+    ref_path = write_source_gguf(ModelCard.from_dict(card), _files(checkpoint), tmp_path / "ref.gguf")
     ref = {t.name: t for t in GGUFFile(ref_path).tensors}
     conv = {t.name: t for t in GGUFFile(converted).tensors}
     assert ref["rope_freqs.weight"].tensor_type is gguf.GGMLQuantizationType.F32
@@ -71,12 +77,10 @@ def test_computed_tensors_come_from_the_converted_file(demo_checkpoint: Path, tm
 
 
 @pytest.mark.llama
-def test_reference_runs_in_llama_cpp(
+def test_source_gguf_runs_in_llama_cpp(
     demo_checkpoint: Path, demo_card: dict[str, Any], tmp_path: Path
 ) -> None:
     llama_cpp = pytest.importorskip("llama_cpp")
-    converted = _converted(demo_checkpoint, demo_card, tmp_path)
-    files = {shard: demo_checkpoint / shard for shard in demo_card["shards"]}
-    path = build_reference(ModelCard.from_dict(demo_card), files, converted, tmp_path / "ref.gguf")
+    path = write_source_gguf(ModelCard.from_dict(demo_card), _files(demo_checkpoint), tmp_path / "ref.gguf")
     model = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_threads=1, verbose=False)
     assert model.n_vocab() == 512

@@ -1,0 +1,16 @@
+"""No-op calibrate stage for the orchestration benchmark."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from bench.noop_stages import VERSION, Params, cache_identity, make_params, noop_run
+from pipeline.stages.base import InputFile, StageResult
+
+NAME = "calibrate"
+__all__ = ["NAME", "VERSION", "Params", "make_params", "cache_identity", "run"]
+
+
+def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> StageResult:
+    return noop_run(NAME, params, inputs, workdir)

@@ -1,0 +1,130 @@
+"""The calibrate stage's settings, from the job's recipe and options, checked before any run.
+
+Options it reads (shared with other stages by name):
+
+- ``importance``: ``none`` (default) or ``imatrix``: collect the importance matrix (mean x² per
+  input column of every block weight) for decompose's importance-weighted fit;
+- ``method``: ``gptq`` also collects the input Gram matrices XᵀX that fit needs;
+- ``calibration_text``: the calibration text itself (``bonsai convert/submit --calibration FILE``
+  reads a file into it; at most `MAX_INLINE_BYTES`); empty: the built-in text. It must share no run
+  of eight words with the agreement text;
+- ``calibration_ctx``: tokens per calibration sequence (default 512, as llama-imatrix);
+- ``reference_top_k`` / ``reference_tail_samples``: how much of each source distribution the
+  reference keeps (`calibration.reference`);
+- the validate stage's probe options (``prompt``, ``chat_prompt``, ``max_tokens``,
+  ``chat_max_tokens``, ``agreement_text``, ``n_ctx``, ``n_gpu_layers``, ``seed``, ``timeout_s``):
+  the source answers exactly what validate will ask the conversion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.calibration.text import BUILTIN_NAME, builtin_text, check_disjoint, text_sha256
+from pipeline.core.errors import InputError
+from pipeline.stages.base import JobSpec
+
+__all__ = ["Params", "make_params", "IMPORTANCE_KINDS", "MAX_INLINE_BYTES", "needs_statistics"]
+
+IMPORTANCE_KINDS = ("none", "imatrix")
+# The text travels inside the job's options (and the stage's recorded parameters): 1 MiB is about
+# 250,000 tokens, past what improves the statistics.
+MAX_INLINE_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Params:
+    """What the source is run on and what is kept; see the module docstring for each option."""
+
+    prompt: str = "1+1="
+    max_tokens: int = 16
+    chat_prompt: str = "What is 1+1?"
+    chat_max_tokens: int = 32
+    agreement_text: str = ""
+    n_ctx: int = 256
+    n_gpu_layers: int = 0
+    seed: int = 0
+    timeout_s: float = 300.0
+    importance: str = "none"
+    is_gram: bool = False
+    calibration_text: str = ""
+    calibration_ctx: int = 512
+    top_k: int = 64
+    tail_samples: int = 64
+
+    @property
+    def is_statistics(self) -> bool:
+        """Whether the source runs over the calibration text at all."""
+        return self.importance != "none" or self.is_gram
+
+    @property
+    def text(self) -> str:
+        """The calibration text: the job's own, or the built-in one."""
+        return self.calibration_text or builtin_text()
+
+    @property
+    def dataset_name(self) -> str:
+        """The name the imatrix records for the text."""
+        if not self.calibration_text:
+            return BUILTIN_NAME
+        return f"user-calibration-{text_sha256(self.calibration_text)[:16]}"
+
+
+def needs_statistics(options: dict[str, Any] | Any) -> bool:
+    """Whether a job's options ask for calibration statistics (importance matrix or Gram matrices)."""
+    return options.get("importance", "none") not in (None, "none") or options.get("method") == "gptq"
+
+
+def _int_option(options: Any, name: str, default: int, low: int, high: int) -> int:
+    raw = options.get(name, default)
+    if isinstance(raw, bool) or not isinstance(raw, int) or not low <= raw <= high:
+        raise InputError(f"calibrate option {name}={raw!r}; expected an integer from {low} to {high}")
+    return raw
+
+
+def _calibration_text(options: Any) -> str:
+    text = options.get("calibration_text", "") or ""
+    if not isinstance(text, str):
+        raise InputError("calibrate option calibration_text must be text (use --calibration FILE)")
+    size = len(text.encode("utf-8"))
+    if size > MAX_INLINE_BYTES:
+        raise InputError(
+            f"the calibration text is {size} bytes; the limit is {MAX_INLINE_BYTES} "
+            "(about 250,000 tokens, more than calibration needs): shorten the file"
+        )
+    if text and not text.strip():
+        raise InputError("the calibration text holds no text; give a file with some, or none (built-in)")
+    return text
+
+
+def make_params(job: JobSpec) -> Params:
+    """Params from the job's options; InputError for an unknown importance kind, a bad number, or a
+    calibration text that contains a passage of the agreement text."""
+    from pipeline.stages.validate.params import make_params as validate_params
+
+    probe = validate_params(job)  # the very prompts and text validate will ask
+    options = job.options
+    importance = options.get("importance", "none") or "none"
+    if importance not in IMPORTANCE_KINDS:
+        raise InputError(f"option importance={importance!r}; expected one of {', '.join(IMPORTANCE_KINDS)}")
+    params = Params(
+        prompt=probe.prompt,
+        max_tokens=probe.max_tokens,
+        chat_prompt=probe.chat_prompt,
+        chat_max_tokens=probe.chat_max_tokens,
+        agreement_text=probe.agreement_text,
+        n_ctx=probe.n_ctx,
+        n_gpu_layers=probe.n_gpu_layers,
+        seed=probe.seed,
+        timeout_s=probe.timeout_s,
+        importance=str(importance),
+        is_gram=options.get("method") == "gptq",
+        calibration_text=_calibration_text(options),
+        calibration_ctx=_int_option(options, "calibration_ctx", 512, 16, 8192),
+        top_k=_int_option(options, "reference_top_k", 64, 1, 4096),
+        tail_samples=_int_option(options, "reference_tail_samples", 64, 1, 4096),
+    )
+    if params.is_statistics and params.agreement_text:
+        check_disjoint(params.text, params.agreement_text)
+    return params

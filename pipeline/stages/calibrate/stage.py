@@ -1,0 +1,205 @@
+"""Calibrate stage: run the source model once, keep its answers and, when asked, its activation statistics.
+
+Inputs: ``inspect/model_card.json`` and the ``download/*`` files. The source runs in llama.cpp: a
+GGUF source as it is, an HF checkpoint as a 16-bit GGUF written into the work folder for the run
+and deleted after (`source_gguf`). Outputs (`answers` names them):
+
+- ``reference.npz`` always: the source's greedy answers to validate's prompts and its next-token
+  log-probs (top-k and tail draws, `calibration.reference`) on the agreement text; validate scores
+  the conversion against it and never runs the source itself;
+- with ``importance=imatrix`` or ``method=gptq``: the source also runs over the calibration text
+  (built-in, or the job's ``calibration_text``; never the agreement text, whose passages it must not
+  contain), and ``imatrix.gguf`` (llama.cpp's imatrix format: per block weight the sums of x² per
+  input column and the token counts) is written; the reference then covers the calibration text too;
+- with ``method=gptq``: ``gram/blk.<i>.safetensors``, the input Gram matrices XᵀX of every block
+  linear weight (`calibration.gram`).
+
+The result depends on the source's bytes, the texts and these options only: the cache key covers
+exactly those, so every job on the same source with the same options reuses one calibration.
+The statistics come from llama.cpp's eval callback in this process (`calibration.llama_collect`);
+the answers from validate's probe in a child process (a source that crashes llama.cpp fails this
+stage, not the worker).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.calibration.reference import ReferenceBuilder, SourceReference, write_reference
+from pipeline.calibration.sequences import TokenSequences
+from pipeline.calibration.text import text_sha256
+from pipeline.core.errors import InputError, IntegrityError
+from pipeline.formats.model_card import CARD_NAME, ModelCard
+from pipeline.stages.base import InputFile, OutputFile, StageResult, inputs_of
+from pipeline.stages.calibrate.answers import (
+    AGREEMENT,
+    CALIBRATION,
+    GRAM_PREFIX,
+    IMATRIX_NAME,
+    REFERENCE_NAME,
+    SourceAnswers,
+    request_key,
+)
+from pipeline.stages.calibrate.params import Params, make_params
+from pipeline.stages.validate.probe import ProbeRequest, ProbeResult, run_probe
+from pipeline.ternary.policy import LINEAR_KINDS
+
+__all__ = ["NAME", "VERSION", "Params", "make_params", "run", "probe_request"]
+
+NAME = "calibrate"
+VERSION = "1"
+
+log = logging.getLogger(__name__)
+_LINEAR = re.compile(r"^blk\.\d+\.(" + "|".join(LINEAR_KINDS) + r")\.weight$")
+
+
+def probe_request(path: Path, params: Params, n_threads: int) -> ProbeRequest:
+    """The probe validate runs on a conversion, here run on the source."""
+    return ProbeRequest(
+        path=str(path),
+        prompts=(params.prompt,),
+        max_tokens=params.max_tokens,
+        chat_prompt=params.chat_prompt or None,
+        chat_max_tokens=params.chat_max_tokens,
+        text=params.agreement_text or None,
+        n_ctx=params.n_ctx,
+        n_threads=n_threads,
+        n_gpu_layers=params.n_gpu_layers,
+        seed=params.seed,
+    )
+
+
+def _threads() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def _source_path(card: ModelCard, download: Mapping[str, Path], workdir: Path) -> tuple[Path, str]:
+    if card.is_gguf:
+        shard = card.shards[0] if card.shards else ""
+        if shard not in download:
+            raise InputError(f"calibrate: the source file {shard!r} is not among the download's files")
+        return download[shard], "gguf-source"
+    from pipeline.stages.calibrate.source_gguf import write_source_gguf
+
+    return write_source_gguf(card, download, workdir / ".source.gguf"), "hf-16bit"
+
+
+def _empty_reference(n_vocab: int, params: Params) -> SourceReference:
+    """A reference of no text (the agreement text option is empty and no statistics were asked)."""
+    none_i, none_f = np.zeros((0, 0), np.int32), np.zeros((0, 0), np.float32)
+    return SourceReference(
+        sequences=TokenSequences((), ()), n_vocab=n_vocab, top_k=params.top_k,
+        tail_samples=params.tail_samples,
+        topk_ids=none_i.reshape(0, params.top_k), topk_logprobs=none_f.reshape(0, params.top_k),
+        tail_logprob=np.zeros(0, np.float32), tail_ids=none_i.reshape(0, params.tail_samples),
+        tail_logprobs=none_f.reshape(0, params.tail_samples), entropy=np.zeros(0, np.float32),
+        target_logprob=np.zeros(0, np.float32),
+    )
+
+
+def _agreement_sequences(probe: ProbeResult) -> TokenSequences:
+    tokens = tuple(int(t) for t in (probe.text or {}).get("tokens", ()))
+    return TokenSequences((AGREEMENT,), (tokens,)) if len(tokens) >= 2 else TokenSequences((), ())
+
+
+def _collect(
+    source: Path, params: Params, agreement: TokenSequences, workdir: Path, n_threads: int
+) -> tuple[ReferenceBuilder, list[OutputFile], dict[str, Any], tuple[str, ...]]:
+    """Run the source over the calibration text (and the agreement text, for the reference only)."""
+    from pipeline.calibration.imatrix import Imatrix, write_imatrix
+    from pipeline.calibration.llama_collect import collect_with_llama_cpp
+    from pipeline.calibration.sequences import tokenize_texts
+    from pipeline.calibration.stats import NO_GRAM, ActivationStats
+
+    calibration = tokenize_texts(source, {CALIBRATION: params.text}, params.calibration_ctx)
+    sequences = TokenSequences(agreement.names + calibration.names, agreement.ids + calibration.ids)
+    counted = range(len(agreement.ids), len(sequences.ids))
+    builder = ReferenceBuilder(sequences, params.top_k, params.tail_samples, params.seed)
+    stats = ActivationStats(gram_for=(lambda name: bool(_LINEAR.match(name))) if params.is_gram else NO_GRAM)
+    gram_dir = workdir / GRAM_PREFIX.rstrip("/")
+    report = collect_with_llama_cpp(
+        source, sequences, stats, reference=builder, gram_dir=gram_dir if params.is_gram else None,
+        n_threads=n_threads, stats_for=frozenset(counted),
+    )
+    matrix = Imatrix.from_stats(stats, (params.dataset_name,), params.calibration_ctx, len(counted))
+    outputs = [OutputFile(IMATRIX_NAME, write_imatrix(workdir / IMATRIX_NAME, matrix), "importance-matrix")]
+    outputs += [
+        OutputFile(f"{GRAM_PREFIX}{path.name}", path, "gram-matrix") for path in sorted(report.gram_files)
+    ]
+    metrics = {
+        "engine": report.engine, "device": report.device, "calibration_sequences": len(counted),
+        "calibration_tokens": sum(len(calibration.ids[i]) for i in range(len(calibration.ids))),
+        "collect_s": round(report.seconds, 3), "tokens_per_s": round(report.tokens_per_s, 1),
+        "weights": report.n_weights, "gram_files": len(report.gram_files), "dataset": params.dataset_name,
+    }
+    return builder, outputs, metrics, report.notes
+
+
+def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> StageResult:
+    """Run the source; write reference.npz (and imatrix.gguf, gram/*). Raises InputError for a source
+    that cannot be written as GGUF, IntegrityError when llama.cpp cannot run it."""
+    started = time.monotonic()
+    workdir = Path(workdir)
+    card_item = inputs.get(f"inspect/{CARD_NAME}")
+    download = {name: item.path for name, item in inputs_of(inputs, "download").items()}
+    if card_item is None or not download:
+        raise InputError(f"calibrate needs inspect/{CARD_NAME} and the download's files; "
+                         f"got {sorted(inputs)}")
+    card = ModelCard.load(card_item.path, f"inspect/{CARD_NAME}")
+    n_threads = _threads()
+    source, kind = _source_path(card, download, workdir)
+    written_s = time.monotonic() - started
+    probe: ProbeResult | None = None
+    try:
+        request = probe_request(source, params, n_threads)
+        probe, why = run_probe(request, workdir, params.timeout_s, label="source")
+        if probe is None:
+            raise IntegrityError(f"the source does not run in llama.cpp, so nothing can be compared "
+                                 f"with it: {why}")
+        agreement = _agreement_sequences(probe)
+        outputs: list[OutputFile] = []
+        metrics: dict[str, Any] = {}
+        notes: tuple[str, ...] = ()
+        if params.is_statistics:
+            builder, outputs, metrics, notes = _collect(source, params, agreement, workdir, n_threads)
+        else:
+            builder = ReferenceBuilder(agreement, params.top_k, params.tail_samples, params.seed)
+            if agreement.ids:
+                builder.add(0, np.load(str(probe.logits_path)))
+    finally:
+        if probe is not None and probe.logits_path:
+            Path(probe.logits_path).unlink(missing_ok=True)
+        if kind == "hf-16bit":
+            source.unlink(missing_ok=True)
+    answers = SourceAnswers(kind, probe, request_key(request))
+    info = {
+        "answers": answers.to_info(),
+        "source_card_sha256": card_item.sha256,
+        "agreement_text_sha256": text_sha256(params.agreement_text),
+        "calibration_text_sha256": text_sha256(params.text) if params.is_statistics else None,
+    }
+    reference = (builder.build(info) if builder.sequences.ids
+                 else replace(_empty_reference(probe.n_vocab, params), info=info))
+    path = write_reference(workdir / REFERENCE_NAME, reference)
+    metrics.update({
+        "source_kind": kind, "source_load_s": probe.load_s, "source_gguf_s": round(written_s, 3),
+        "reference_positions": int(reference.topk_ids.shape[0]), "reference_top_k": params.top_k,
+        "importance": params.importance, "gram": params.is_gram,
+        "elapsed_s": round(time.monotonic() - started, 3),
+    })
+    log.info("calibrate: source %s answered %r; reference of %d positions; %d statistics files",
+             kind, probe.completions[0]["text"], metrics["reference_positions"], len(outputs))
+    return StageResult(
+        outputs=(OutputFile(REFERENCE_NAME, path, "source-reference"), *outputs),
+        metrics=metrics,
+        warnings=tuple(notes),
+    )
