@@ -2,7 +2,7 @@
 // Columns are the stages that wrote the files; a line joins each file to each file made from it.
 "use strict";
 
-const STAGE_COLUMNS = ["download", "checksum", "inspect", "decompose", "package", "validate"];
+const STAGE_COLUMNS = ["download", "checksum", "inspect", "calibrate", "decompose", "package", "validate"];
 const NODE_W = 190;
 const NODE_H = 36;
 const COL_GAP = 70;
