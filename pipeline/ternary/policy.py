@@ -25,17 +25,25 @@ from typing import Any
 
 from pipeline.core.errors import InputError
 from pipeline.formats.gguf.types import block_geometry
-from pipeline.ternary.decompose_bonsai import METHODS as BONSAI_METHODS
 
-__all__ = ["Recipe", "TensorDecision", "RECIPES", "LINEAR_KINDS", "get_recipe", "decide"]
+__all__ = [
+    "Recipe", "TensorDecision", "RECIPES", "LINEAR_KINDS", "METHODS", "BONSAI_METHODS", "HIGH_PRECISION",
+    "FALLBACK_TYPES", "get_recipe", "decide",
+]
 
 # Per-block linear weights llama.cpp multiplies activations by: the ternary candidates.
 LINEAR_KINDS: tuple[str, ...] = (
     "attn_q", "attn_k", "attn_v", "attn_output", "attn_qkv", "ffn_gate", "ffn_up", "ffn_down",
 )
 _LINEAR = re.compile(r"^blk\.(\d+)\.(" + "|".join(LINEAR_KINDS) + r")\.weight$")
-_METHODS = ("optimal", "absmean", "absmax")
-_HIGH_PRECISION = ("F16", "BF16", "F32", "Q8_0")
+METHODS = ("optimal", "absmean", "absmax")
+# The fits each Bonsai layout has (Q1_0 is binary: no threshold to choose, so no absmax).
+BONSAI_METHODS: dict[str, tuple[str, ...]] = {
+    "Q2_0": ("optimal", "absmean", "absmax"),
+    "Q1_0": ("optimal", "absmean"),
+}
+HIGH_PRECISION = ("F16", "BF16", "F32", "Q8_0")
+FALLBACK_TYPES = ("F16", "BF16", "F32")
 _Q8_0_BLOCK = 32
 
 
@@ -81,10 +89,10 @@ RECIPES: dict[str, Recipe] = {
 _LEVELS_RECIPES = ("q2_0",)
 
 _ALLOWED: dict[str, tuple[Any, ...]] = {
-    "method": _METHODS,
-    "embed_type": _HIGH_PRECISION,
-    "output_type": _HIGH_PRECISION,
-    "fallback_type": ("F16", "BF16", "F32"),
+    "method": METHODS,
+    "embed_type": HIGH_PRECISION,
+    "output_type": HIGH_PRECISION,
+    "fallback_type": FALLBACK_TYPES,
 }
 
 

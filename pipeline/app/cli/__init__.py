@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.app.cli import jobs, provenance, service  # noqa: F401 - importing registers the commands
+from pipeline.app.cli import export, jobs, provenance, service  # noqa: F401 - importing registers the commands
 from pipeline.app.cli.main import cli
 
 __all__ = ["cli", "main"]

@@ -8,9 +8,12 @@ from pathlib import Path
 
 import click
 
+from pipeline.app.cli.help import ListsRecipes
 from pipeline.app.cli.main import (
+    TARGET_CHOICES,
     CliContext,
     cli,
+    command_prefix,
     fail,
     guard,
     parse_options,
@@ -19,22 +22,33 @@ from pipeline.app.cli.main import (
 )
 
 
-@cli.command()
+@cli.command(cls=ListsRecipes)
 @click.argument("source")
-@click.option("--recipe", default="tq2_0", show_default=True, help="Named recipe (tq2_0, tq1_0).")
-@click.option("--option", "options", multiple=True, help="Recipe knob KEY=VALUE (repeatable).")
-@click.option("--out", type=click.Path(path_type=Path), help="Also copy the GGUF here.")
+@click.option("--recipe", default=None,
+              help="Named recipe (listed below; default: tq2_0, or the fast one for --target).")
+@click.option("--target", type=click.Choice(TARGET_CHOICES), default=None,
+              help="Where the GGUF will run: picks the default recipe and warns about slow types.")
+@click.option("--option", "options", multiple=True, help="Job option KEY=VALUE (repeatable; listed below).")
+@click.option("--out", type=click.Path(),
+              help="Where the GGUF goes: a file, or a folder (made if missing) for <model>-<TYPE>.gguf "
+                   "[default: the current folder].")
+@click.option("--force", is_flag=True, help="Replace an existing output file instead of choosing a new name.")
 @click.option("--json", "as_json", is_flag=True, help="Print the job detail as JSON at the end.")
 @click.pass_obj
 @guard
-def convert(obj: CliContext, source: str, recipe: str, options: tuple[str, ...], out: Path | None,
-            as_json: bool) -> None:
-    """Convert SOURCE in this process (embedded mode), with progress."""
+def convert(obj: CliContext, source: str, recipe: str | None, target: str | None, options: tuple[str, ...],
+            out: str | None, force: bool, as_json: bool) -> None:
+    """Convert SOURCE in this process (embedded mode), with progress.
+
+    The GGUF is copied out as <model>-<TYPE>.gguf (never over an existing file without
+    --force); when validation fails it is not, and `bonsai export JOB --force` takes it.
+    """
+    from pipeline.app import outputs
     from pipeline.app.convert import convert_source
 
-    if out is not None and out.exists():
-        fail(f"--out {out} already exists; choose a new path (artifacts are never overwritten)")
-    code = convert_source(obj.runtime(), source, recipe, parse_options(options), out, as_json)
+    plan = outputs.plan(out, force, obj.settings.output_dir or Path.cwd())
+    code = convert_source(obj.runtime(), source, recipe, parse_options(options, target), plan, as_json,
+                          command_prefix(obj))
     sys.exit(code)
 
 
@@ -62,25 +76,31 @@ def show(obj: CliContext, job_id: int, as_json: bool) -> None:
     print_job(obj.runtime(), job_id, as_json)
 
 
-@cli.command()
+@cli.command(cls=ListsRecipes)
 @click.argument("sources", nargs=-1)
 @click.option("--manifest", type=click.Path(path_type=Path, dir_okay=False),
-              help="YAML or JSON list of jobs.")
-@click.option("--recipe", default="tq2_0", show_default=True)
+              help="YAML or JSON list of jobs (see the README).")
+@click.option("--recipe", default=None,
+              help="Named recipe (listed below; default: tq2_0, or the fast one for --target); "
+                   "a manifest entry's own recipe wins.")
+@click.option("--target", type=click.Choice(TARGET_CHOICES), default=None,
+              help="Where the GGUFs will run: picks the default recipe and warns about slow types.")
 @click.option("--priority", default=0, show_default=True, help="Higher runs sooner.")
-@click.option("--option", "options", multiple=True, help="Recipe knob KEY=VALUE (repeatable).")
+@click.option("--option", "options", multiple=True, help="Job option KEY=VALUE (repeatable; listed below).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 @guard
-def submit(obj: CliContext, sources: tuple[str, ...], manifest: Path | None, recipe: str, priority: int,
-           options: tuple[str, ...], as_json: bool) -> None:
+def submit(obj: CliContext, sources: tuple[str, ...], manifest: Path | None, recipe: str | None,
+           target: str | None, priority: int, options: tuple[str, ...], as_json: bool) -> None:
     """Record jobs and dispatch them to workers; prints the job ids."""
-    from pipeline.orchestration.job_control import JobRequest, read_manifest
+    from pipeline.orchestration.job_control import JobRequest, check_request, read_manifest
 
     require_broker(obj, "submit")
-    requests = [JobRequest(s, recipe, priority, parse_options(options)) for s in sources]
+    # Checked here, before the broker or the database is touched: a typo costs nothing.
+    given = parse_options(options, target)
+    requests = [check_request(JobRequest(s, recipe, priority, given)) for s in sources]
     if manifest is not None:
-        requests += read_manifest(manifest, recipe, priority)
+        requests += read_manifest(manifest, recipe, priority, given)
     if not requests:
         fail("nothing to submit: give SOURCE arguments or --manifest FILE")
     from pipeline.orchestration.launcher import submit_jobs
