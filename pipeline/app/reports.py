@@ -71,6 +71,8 @@ def print_job(rt: Runtime, job_id: int, as_json: bool) -> None:
     console.print(f"job {detail['id']}  {detail['status']}  {detail['source']}  recipe {detail['recipe']}")
     if detail["error_message"]:
         console.print(f"[red]{detail['error_message']}[/red]", highlight=False)
+    for warning in detail.get("warnings") or ():
+        console.print(f"[yellow]warning[/yellow] {warning}", highlight=False)
     table = Table("stage", "attempt", "status", "took", "device", "outputs")
     for run in detail["stages"]:
         took = f"{run['duration_s']:.2f}s" if run["duration_s"] is not None else "-"

@@ -16,6 +16,7 @@ from pipeline.app.cli.main import (
     command_prefix,
     fail,
     guard,
+    missing_home,
     parse_options,
     require_broker,
     stage_names,
@@ -61,6 +62,12 @@ def jobs(obj: CliContext, status: str | None, as_json: bool) -> None:
     """List jobs."""
     from pipeline.app.reports import print_jobs
 
+    why = missing_home(obj)
+    if why:
+        click.echo(why, err=True)
+        if as_json:
+            click.echo("[]")
+        return
     print_jobs(obj.runtime(), status, as_json)
 
 
@@ -73,6 +80,9 @@ def show(obj: CliContext, job_id: int, as_json: bool) -> None:
     """One job: stages, every attempt, artifacts and the validation result."""
     from pipeline.app.reports import print_job
 
+    why = missing_home(obj)
+    if why:
+        fail(f"job {job_id} does not exist: {why}")
     print_job(obj.runtime(), job_id, as_json)
 
 

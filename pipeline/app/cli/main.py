@@ -22,7 +22,7 @@ from pipeline.core.settings import Settings
 
 __all__ = [
     "cli", "CliContext", "fail", "guard", "echo_json", "parse_options", "stage_names", "require_broker",
-    "command_prefix", "TARGET_CHOICES",
+    "command_prefix", "missing_home", "TARGET_CHOICES",
 ]
 
 # The backends `--target` names (ternary.backends.TARGETS; spelled here so `bonsai jobs` imports nothing).
@@ -114,6 +114,20 @@ def parse_options(pairs: tuple[str, ...], target: str | None = None) -> dict[str
     if target is not None:
         options["target"] = target
     return options
+
+
+def missing_home(obj: CliContext) -> str | None:
+    """Why there can be no jobs here (an embedded home whose database was never made), or None.
+
+    Read-only commands say so instead of making an empty database in a folder nobody used."""
+    settings = obj.settings
+    if settings.database_url or not settings.is_embedded:
+        return None
+    database = (settings.home / "bonsai.db").resolve()
+    if database.exists():
+        return None
+    return (f"no jobs here: there is no database at {database} (the home is {settings.home}; "
+            "`bonsai convert` makes one; give --home or BONSAI_HOME to look at another)")
 
 
 def command_prefix(obj: CliContext) -> str:
