@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -145,3 +149,23 @@ def test_target_picks_the_recipe_and_warns_in_the_job(workspace: Path) -> None:
     listed = json.loads(_bonsai("recipes", "--json").output)
     assert {row["name"] for row in listed["recipes"]} == {"tq2_0", "tq1_0", "q2_0", "q1_0"}
     assert "method" in {row["key"] for row in listed["options"]}
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_demo_leads_to_a_named_gguf_and_its_job(workspace: Path) -> None:
+    """The demo target's own commands in a clean folder: a named GGUF, and `bonsai show` finds the job."""
+    root = Path(__file__).resolve().parents[2]
+    planned = subprocess.run(["make", "-s", "-n", "-o", ".venv/bin/.installed", "demo"], cwd=root,
+                             capture_output=True, text=True, check=True).stdout.splitlines()
+    assert planned and all(line.startswith(".venv/bin/bonsai ") for line in planned), planned
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    for _ in range(2):  # a rerun replaces the demo's own file
+        for line in planned:
+            args = shlex.split(line)[1:]
+            assert "--home" not in args  # the default home, where `bonsai jobs` looks
+            done = subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=workspace, env=env,
+                                  capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, done.stdout + done.stderr
+    assert "bonsai show 2" in done.stdout
+    assert sorted(p.name for p in workspace.glob("*.gguf")) == ["tiny-llama-TQ2_0.gguf"]
+    assert _digest(workspace / "tiny-llama-TQ2_0.gguf") == _show(2)["gguf"]["sha256"]
