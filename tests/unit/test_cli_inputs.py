@@ -63,3 +63,10 @@ def test_recipes_lists_every_recipe_and_option() -> None:
     for word in ("tq2_0", "TQ2_0", "q1_0", "picked by --target cuda", "embed_type", "F16|BF16|F32|Q8_0",
                  "target"):
         assert word in result.output
+
+
+def test_the_cli_targets_are_the_backend_tables() -> None:
+    from pipeline.app.cli.main import TARGET_CHOICES
+    from pipeline.ternary.backends import TARGETS
+
+    assert TARGET_CHOICES == TARGETS

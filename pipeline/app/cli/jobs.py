@@ -116,6 +116,9 @@ def submit(obj: CliContext, sources: tuple[str, ...], manifest: Path | None, rec
     from pipeline.orchestration.launcher import submit_jobs
 
     job_ids = submit_jobs(obj.runtime(), requests, "cli:submit", obj.source_policy())
+    for job_id, request in zip(job_ids, requests, strict=True):
+        for warning in request.warnings:
+            click.echo(f"warning: job {job_id}: {warning}", err=True)
     click.echo(json.dumps({"job_ids": job_ids}) if as_json else "\n".join(map(str, job_ids)))
 
 
