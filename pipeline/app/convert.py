@@ -21,7 +21,7 @@ from pipeline.orchestration.job_control import JobRequest, check_request, create
 from pipeline.orchestration.runtime import Runtime
 from pipeline.stages.sources import SourcePolicy
 
-__all__ = ["convert_source", "run_and_report", "output_name", "validation_failed"]
+__all__ = ["convert_source", "run_and_report", "output_name"]
 
 _MARKS = {
     StageState.SUCCEEDED: "[green]ok[/green]",
@@ -60,12 +60,6 @@ def output_name(job: Any) -> str:
     spec = JobSpec(job.source, job.recipe, dict(job.params or {}))
     ternary_type = get_recipe(job.recipe, spec.options).ternary_type
     return outputs.default_name(make_params(spec).model_name, ternary_type)
-
-
-def validation_failed(detail: dict[str, Any]) -> bool:
-    """True when the job's GGUF was packaged and only validation failed."""
-    latest = [r for r in detail["stages"] if r["stage"] == StageName.VALIDATE.value and not r["shard"]]
-    return bool(detail["gguf"]) and bool(latest) and latest[-1]["status"] == StageState.FAILED.value
 
 
 def _announce_compile(console: Console, recipe: str, params: dict[str, Any]) -> None:
@@ -131,7 +125,7 @@ def _print_summary(console: Console, detail: dict[str, Any], written: Path | Non
     if detail["status"] != JobState.SUCCEEDED.value:
         console.print(f"[red]job {job_id} {detail['status']}[/red]: {detail['error_message']}",
                       highlight=False)
-        if validation_failed(detail):
+        if outputs.validation_failed(detail):
             stored = detail["gguf"].get("path") or detail["gguf"]["uri"]
             where = f" so it was not copied to {out.file or out.folder}" if out is not None else ""
             console.print(f"  the packaged GGUF is at {stored}", highlight=False)

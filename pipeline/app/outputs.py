@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipeline.core.errors import InputError
 from pipeline.core.files import atomic_path
 
-__all__ = ["OutputPlan", "plan", "deliver", "default_name"]
+__all__ = ["OutputPlan", "plan", "deliver", "default_name", "validation_failed"]
 
 
 @dataclass(frozen=True)
@@ -83,3 +85,9 @@ def _free_name(wanted: Path, force: bool) -> Path:
         if not candidate.exists():
             return candidate
     raise InputError(f"{wanted.parent} already holds {stem}-2 … {stem}-9999{suffix}; use --out")
+
+
+def validation_failed(detail: Mapping[str, Any]) -> bool:
+    """True when a job view (`views.job_detail`) has a packaged GGUF and its newest validation failed."""
+    latest = [r for r in detail["stages"] if r["stage"] == "validate" and not r["shard"]]
+    return bool(detail["gguf"]) and bool(latest) and latest[-1]["status"] == "failed"

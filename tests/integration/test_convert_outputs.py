@@ -99,6 +99,8 @@ def test_a_failed_validation_says_where_the_gguf_is_and_export_takes_it(workspac
     assert "bonsai export 1 --out PATH --force" in failed.output
     assert not (workspace / "mine.gguf").exists()
 
+    shown = _bonsai("show", "1")
+    assert f"the packaged GGUF is at {stored}; to take it anyway: bonsai export 1" in shown.output
     refused = _bonsai("export", "1")
     assert refused.exit_code == 2 and "failed validation" in refused.output and "--force" in refused.output
     taken = _bonsai("export", "1", "--out", "kept/", "--force")

@@ -21,7 +21,7 @@ from pipeline.app.cli.main import CliContext, cli, echo_json, fail, guard
 def export(obj: CliContext, job_id: int, out: str | None, force: bool) -> None:
     """Copy JOB's GGUF out of the store, named <model>-<TYPE>.gguf; prints the path written."""
     from pipeline.app import outputs, views
-    from pipeline.app.convert import output_name, validation_failed
+    from pipeline.app.convert import output_name
     from pipeline.db import repo
     from pipeline.db.session import session_scope
 
@@ -34,7 +34,7 @@ def export(obj: CliContext, job_id: int, out: str | None, force: bool) -> None:
     if not gguf:
         fail(f"job {job_id} ({detail['status']}) has no packaged GGUF yet; see `bonsai show {job_id}`")
     if detail["status"] != "succeeded":
-        why = "failed validation" if validation_failed(detail) else f"is {detail['status']}"
+        why = "failed validation" if outputs.validation_failed(detail) else f"is {detail['status']}"
         if not force:
             fail(f"job {job_id} {why}: {detail['error_message'] or 'not finished'}; "
                  "add --force to take its GGUF anyway")
