@@ -7,7 +7,8 @@ BIN := $(VENV)/bin
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 PG_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/postgres
 REDIS_URL ?= redis://127.0.0.1:6379/0
-DEMO_HOME ?= .bonsai/demo
+# The demo's checkpoint; its job goes to the default home (.bonsai), where `bonsai jobs` looks.
+DEMO_DIR ?= .bonsai/demo
 # The test S3 server (SeaweedFS from the test extra), loopback only, data in a scratch folder.
 S3_PORT ?= 8333
 S3_DIR ?= /tmp/bonsai-seaweedfs
@@ -31,9 +32,10 @@ $(BIN)/.installed: pyproject.toml
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
 	touch $@
 
+# Ends with ./tiny-llama-TQ2_0.gguf (--force: a rerun replaces the demo's own file) and `bonsai show N`.
 demo: setup
-	$(BIN)/bonsai --home $(DEMO_HOME) demo-checkpoint $(DEMO_HOME)/tiny-llama
-	$(BIN)/bonsai --home $(DEMO_HOME) convert $(DEMO_HOME)/tiny-llama
+	$(BIN)/bonsai demo-checkpoint $(DEMO_DIR)/tiny-llama
+	$(BIN)/bonsai convert $(DEMO_DIR)/tiny-llama --force
 
 services: setup
 	@pg_isready -q -h 127.0.0.1 -p 5432 || pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql) main start
@@ -58,4 +60,4 @@ bench: setup
 	$(BIN)/python bench/decompose.py
 
 clean:
-	rm -rf .bonsai .pytest_cache
+	rm -rf .bonsai .pytest_cache tiny-llama-TQ2_0.gguf

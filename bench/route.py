@@ -204,7 +204,7 @@ def _utc(text: str) -> float:
 
 def run_bonsai(ckpt: Path, home: Path) -> dict[str, Any]:
     """`bonsai convert` in a fresh embedded home; wall time and the stage breakdown of `show --json`."""
-    env = {**os.environ, "BONSAI_HOME": str(home)}
+    env = {**os.environ, "BONSAI_HOME": str(home), "BONSAI_OUTPUT_DIR": str(home / "out")}
     for name in ("BONSAI_DATABASE_URL", "BONSAI_BROKER_URL", "BONSAI_ARTIFACT_ROOT"):
         env.pop(name, None)
     bonsai = [sys.executable, "-m", "pipeline"]

@@ -113,7 +113,7 @@ def imports_by_package(stderr: str) -> dict[str, float]:
 def convert_once(ckpt: Path, home: Path, job_id: int = 1) -> dict[str, object]:
     from bench.route import _utc
 
-    env = {**os.environ, "BONSAI_HOME": str(home)}
+    env = {**os.environ, "BONSAI_HOME": str(home), "BONSAI_OUTPUT_DIR": str(home / "out")}
     for name in ("BONSAI_DATABASE_URL", "BONSAI_BROKER_URL", "BONSAI_ARTIFACT_ROOT"):
         env.pop(name, None)
     os.sync()

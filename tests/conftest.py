@@ -17,6 +17,19 @@ from pipeline.formats.model_card import ModelCard
 from pipeline.stages.base import InputFile
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _output_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """`bonsai convert` copies its GGUF into the current folder by default: in tests (subprocesses
+    included, through the environment), into a scratch folder, never into the clone."""
+    previous = os.environ.get("BONSAI_OUTPUT_DIR")
+    os.environ["BONSAI_OUTPUT_DIR"] = str(tmp_path_factory.mktemp("outputs"))
+    yield
+    if previous is None:
+        os.environ.pop("BONSAI_OUTPUT_DIR", None)
+    else:
+        os.environ["BONSAI_OUTPUT_DIR"] = previous
+
+
 @pytest.fixture(scope="session")
 def demo_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Folder holding the demo HF checkpoint (config, BF16 safetensors, tokenizer, SHA256SUMS).

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline.app import views
+from pipeline.app.outputs import validation_failed
 from pipeline.db import repo
 from pipeline.db.session import session_scope
 from pipeline.orchestration.runtime import Runtime
@@ -53,6 +54,8 @@ def print_job(rt: Runtime, job_id: int, as_json: bool) -> None:
     console.print(f"job {detail['id']}  {detail['status']}  {detail['source']}  recipe {detail['recipe']}")
     if detail["error_message"]:
         console.print(f"[red]{detail['error_message']}[/red]", highlight=False)
+    for warning in detail.get("warnings") or ():
+        console.print(f"[yellow]warning[/yellow] {warning}", highlight=False)
     table = Table("stage", "attempt", "status", "took", "device", "outputs")
     for run in detail["stages"]:
         took = f"{run['duration_s']:.2f}s" if run["duration_s"] is not None else "-"
@@ -64,3 +67,7 @@ def print_job(rt: Runtime, job_id: int, as_json: bool) -> None:
     if detail["validation"]:
         validation = detail["validation"]
         console.print(f"validation: {validation.get('verdict')}  text={validation.get('text')!r}")
+    if validation_failed(detail):
+        where = detail["gguf"].get("path") or detail["gguf"]["uri"]
+        console.print(f"the packaged GGUF is at {where}; to take it anyway: "
+                      f"bonsai export {detail['id']} --out PATH --force", highlight=False, soft_wrap=True)

@@ -26,6 +26,8 @@ def _latest(job: Job) -> dict[StageName, StageRun]:
 
 
 def job_summary(job: Job) -> dict[str, Any]:
+    from pipeline.ternary.options import job_warnings
+
     latest = _latest(job)
     states = {stage: StageState(run.status) for stage, run in latest.items()}
     current = coordinator.next_step(states)
@@ -35,6 +37,9 @@ def job_summary(job: Job) -> dict[str, Any]:
         "resolved_revision": job.resolved_revision,
         "recipe": job.recipe,
         "params": job.params,
+        "target": (job.params or {}).get("target"),
+        # A type the target runs slowly or not at all (from the recipe; see ternary.backends).
+        "warnings": job_warnings(job.recipe, job.params or {}),
         "status": job.status,
         "priority": job.priority,
         "submitted_by": job.submitted_by,

@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     cache_root: Path | None = None
     # Bound of that cache; least recently used entries go first (one larger artifact is still kept).
     cache_max_bytes: int = 50 * 1024**3
+    # Where `bonsai convert` copies the GGUF (as <model>-<TYPE>.gguf) when --out is not given;
+    # empty means the current folder.
+    output_dir: Path | None = None
     # Where stages get their scratch folders; empty means <home>/work.
     work_root: Path | None = None
     # Attempts of one stage before the job fails for good (worker lost, retryable errors).

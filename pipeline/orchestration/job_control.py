@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import reprlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,13 @@ from pipeline.core.states import STAGE_ORDER, JobState, StageName, StageState
 from pipeline.db import repo
 from pipeline.orchestration import coordinator
 from pipeline.provenance.statements import redact
+from pipeline.stages.base import JobSpec
 from pipeline.stages.sources import SourcePolicy
+from pipeline.ternary.options import check_job_input
 
 __all__ = ["JobRequest", "read_manifest", "check_request", "create_jobs", "retry_job", "cancel_job"]
 
-_MANIFEST_KEYS = {"source", "recipe", "priority", "options"}
+_MANIFEST_KEYS = {"source", "recipe", "priority", "options", "target"}
 
 
 class _ShortRepr(reprlib.Repr):
@@ -41,16 +44,25 @@ _SHORT = _ShortRepr()
 
 @dataclass(frozen=True)
 class JobRequest:
+    """What a submitter asked for. ``recipe`` None: the ``target`` option's fast recipe, else tq2_0.
+
+    ``warnings`` are filled in by `check_request` (a type the target runs slowly)."""
+
     source: str
-    recipe: str = "tq2_0"
+    recipe: str | None = None
     priority: int = 0
     options: Mapping[str, Any] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
 
 
-def read_manifest(path: Path, default_recipe: str, default_priority: int) -> list[JobRequest]:
-    """Jobs from a YAML or JSON manifest: a list of sources, or of {source, recipe, priority, options}.
+def read_manifest(path: Path, default_recipe: str | None, default_priority: int,
+                  default_options: Mapping[str, Any] | None = None) -> list[JobRequest]:
+    """Jobs from a YAML or JSON manifest: a list of sources, or of {source, recipe, target, priority,
+    options}.
 
-    The list may also sit under a top-level `jobs:` key. Errors name the entry at fault.
+    The list may also sit under a top-level `jobs:` key. Every entry is checked as a job would
+    be (`check_request`); errors name the entry at fault. `default_options` (the command line's)
+    apply to every entry; an entry's own options win.
     """
     kind = "JSON" if path.suffix == ".json" else "YAML"
     try:
@@ -69,30 +81,40 @@ def read_manifest(path: Path, default_recipe: str, default_priority: int) -> lis
         data = data.get("jobs")
     if not isinstance(data, list) or not data:
         raise InputError(f"manifest {path}: expected a non-empty list of jobs (or a `jobs:` list)")
-    return [_manifest_entry(path, index, item, default_recipe, default_priority)
+    return [_manifest_entry(path, index, item, default_recipe, default_priority, default_options or {})
             for index, item in enumerate(data, 1)]
 
 
-def _manifest_entry(path: Path, index: int, item: Any, recipe: str, priority: int) -> JobRequest:
+def _manifest_entry(path: Path, index: int, item: Any, recipe: str | None, priority: int,
+                    default_options: Mapping[str, Any]) -> JobRequest:
     if isinstance(item, str):
         item = {"source": item}
     if not isinstance(item, dict) or not isinstance(item.get("source"), str) or not item["source"].strip():
         raise InputError(f"manifest {path}, entry {index}: needs a `source` string, got {_SHORT.repr(item)}")
-    unknown = set(item) - _MANIFEST_KEYS
+    unknown = sorted(key[:80] if isinstance(key, str) else _SHORT.repr(key) for key in set(item) - _MANIFEST_KEYS)
     if unknown:
-        shown = sorted(key[:80] if isinstance(key, str) else _SHORT.repr(key) for key in unknown)[:8]
-        raise InputError(f"manifest {path}, entry {index}: unknown keys {shown}; "
-                         f"allowed: {sorted(_MANIFEST_KEYS)}")
-    if not isinstance(item.get("recipe", recipe), str):
+        close = difflib.get_close_matches(unknown[0], _MANIFEST_KEYS, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise InputError(f"manifest {path}, entry {index}: unknown keys {unknown[:8]}{hint}; "
+                         f"allowed: {sorted(_MANIFEST_KEYS)} (job options go under `options:`)")
+    if not isinstance(item.get("recipe", recipe), (str, type(None))):
         raise InputError(f"manifest {path}, entry {index}: recipe must be a string")
     given = item.get("priority", priority)
     if not isinstance(given, int) or isinstance(given, bool):
         raise InputError(f"manifest {path}, entry {index}: priority must be an integer")
-    if not isinstance(item.get("options", {}), dict):
+    options = item.get("options", {})
+    if not isinstance(options, dict):
         raise InputError(f"manifest {path}, entry {index}: options must be a mapping")
-    _check_options(item.get("options", {}), f"manifest {path}, entry {index}")
-    return JobRequest(item["source"].strip(), item.get("recipe", recipe), item.get("priority", priority),
-                      item.get("options", {}))
+    _check_options(options, f"manifest {path}, entry {index}")
+    options = {**default_options, **options}
+    if "target" in item:
+        options["target"] = item["target"]
+    request = JobRequest(item["source"].strip(), item.get("recipe", recipe), item.get("priority", priority),
+                         options)
+    try:
+        return check_request(request)
+    except InputError as exc:
+        raise InputError(f"manifest {path}, entry {index}: {exc}") from exc
 
 
 _MAX_OPTION_NODES = 10_000
@@ -121,13 +143,24 @@ def _check_options(options: Mapping[str, Any], where: str) -> None:
                              "not a JSON value")
 
 
-def check_request(request: JobRequest) -> None:
-    """Refuse options that look like secrets: job options are stored and shown to every reader."""
+def check_request(request: JobRequest) -> JobRequest:
+    """The request as it will be recorded: recipe and options checked and normalised (one function for
+    the CLI, manifests and the API, before any row exists); InputError names the fault and the fix.
+
+    Options that look like secrets are refused: job options are stored and shown to every reader.
+    """
+    _check_options(request.options, f"job for {request.source[:200]}")
     if redact(request.options) != dict(request.options):
         raise InputError(
             f"job for {request.source}: options must not carry secrets (token, password…); "
             "the Hugging Face token belongs in BONSAI_HF_TOKEN on the workers"
         )
+    checked = check_job_input(request.recipe, request.options)
+    from pipeline.stages.validate.params import make_params as validate_params
+
+    # What only a stage can say about its options together (threshold order): now, not after three stages.
+    validate_params(JobSpec(request.source, checked.recipe, checked.options))
+    return replace(request, recipe=checked.recipe, options=checked.options, warnings=checked.warnings)
 
 
 def create_jobs(
@@ -138,12 +171,12 @@ def create_jobs(
     `policy` says which local paths this submitter may name (the API: only under
     BONSAI_SOURCE_ROOTS); InputError names the first request it refuses.
     """
-    for request in requests:
-        check_request(request)
-    for request in requests:
+    checked = [check_request(request) for request in requests]
+    for request in checked:
         policy.check(request.source)
     return [
-        repo.create_job(session, r.source, r.recipe, r.options, r.priority, submitted_by).id for r in requests
+        repo.create_job(session, r.source, r.recipe or "", r.options, r.priority, submitted_by).id
+        for r in checked
     ]
 
 

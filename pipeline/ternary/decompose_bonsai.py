@@ -22,16 +22,13 @@ import torch
 from pipeline.formats.gguf.types import BONSAI_TYPES
 from pipeline.ternary import fit_bonsai, pack_bonsai
 from pipeline.ternary.fit import block_sq_error, fit_absmean
+from pipeline.ternary.policy import BONSAI_METHODS as METHODS
 
 if TYPE_CHECKING:
     from pipeline.ternary.packed import PackedMatrix
 
 __all__ = ["METHODS", "decompose_bonsai_packed"]
 
-METHODS: dict[str, tuple[str, ...]] = {
-    "Q2_0": ("optimal", "absmean", "absmax"),
-    "Q1_0": ("optimal", "absmean"),
-}
 _TARGET_CHUNK_WEIGHTS = 1 << 22
 
 

@@ -26,16 +26,25 @@ from typing import Any
 from pipeline.core.errors import InputError
 from pipeline.formats.gguf.types import block_geometry
 
-__all__ = ["Recipe", "TensorDecision", "RECIPES", "LINEAR_KINDS", "get_recipe", "decide"]
+__all__ = [
+    "Recipe", "TensorDecision", "RECIPES", "LINEAR_KINDS", "METHODS", "BONSAI_METHODS", "HIGH_PRECISION",
+    "FALLBACK_TYPES", "get_recipe", "decide",
+]
 
 # Per-block linear weights llama.cpp multiplies activations by: the ternary candidates.
 LINEAR_KINDS: tuple[str, ...] = (
     "attn_q", "attn_k", "attn_v", "attn_output", "attn_qkv", "ffn_gate", "ffn_up", "ffn_down",
 )
 _LINEAR = re.compile(r"^blk\.(\d+)\.(" + "|".join(LINEAR_KINDS) + r")\.weight$")
-_METHODS = ("optimal", "absmean", "absmax", "gptq")
+METHODS = ("optimal", "absmean", "absmax", "gptq")
 GPTQ = "gptq"  # the error-compensating fit: needs the calibrate stage's Gram matrices
-_HIGH_PRECISION = ("F16", "BF16", "F32", "Q8_0")
+# The fits each Bonsai layout has (Q1_0 is binary: no threshold to choose, so no absmax).
+BONSAI_METHODS: dict[str, tuple[str, ...]] = {
+    "Q2_0": ("optimal", "absmean", "absmax"),
+    "Q1_0": ("optimal", "absmean"),
+}
+HIGH_PRECISION = ("F16", "BF16", "F32", "Q8_0")
+FALLBACK_TYPES = ("F16", "BF16", "F32")
 _Q8_0_BLOCK = 32
 
 
@@ -82,10 +91,10 @@ RECIPES: dict[str, Recipe] = {
 _LEVELS_RECIPES = ("q2_0",)
 
 _ALLOWED: dict[str, tuple[Any, ...]] = {
-    "method": _METHODS,
-    "embed_type": _HIGH_PRECISION,
-    "output_type": _HIGH_PRECISION,
-    "fallback_type": ("F16", "BF16", "F32"),
+    "method": METHODS,
+    "embed_type": HIGH_PRECISION,
+    "output_type": HIGH_PRECISION,
+    "fallback_type": FALLBACK_TYPES,
 }
 
 
@@ -103,9 +112,6 @@ def get_recipe(name: str, options: Mapping[str, Any] | None = None) -> Recipe:
     for key, value in (options or {}).items():
         if key not in knobs:
             continue  # options are shared by all stages; other stages own other keys
-        # Here, not at the top: decompose_bonsai loads torch, and a recipe without options needs none.
-        from pipeline.ternary.decompose_bonsai import METHODS as BONSAI_METHODS
-
         if key == "irls_iters":
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 100:
                 raise InputError(f"recipe option irls_iters={value!r}; expected an integer from 0 to 100")

@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
 
 def _convert(home: Path, source: Path, recipe: str) -> dict[str, object]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BONSAI_")} | {"BONSAI_HOME": str(home)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BONSAI_")}
+    env |= {"BONSAI_HOME": str(home), "BONSAI_OUTPUT_DIR": str(home / "out")}  # the GGUF copy: not the clone
     command = [sys.executable, "-m", "pipeline", "convert", str(source), "--recipe", recipe, "--json"]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.stdout.strip(), result.stderr[-3000:]

@@ -19,7 +19,7 @@ from pipeline.app.api.auth import ApiToken, require_scope
 from pipeline.core.states import JobState, StageName
 from pipeline.db.models import Job
 from pipeline.db.session import session_scope
-from pipeline.orchestration.job_control import JobRequest, cancel_job, retry_job
+from pipeline.orchestration.job_control import JobRequest, cancel_job, check_request, retry_job
 from pipeline.orchestration.launcher import submit_jobs
 from pipeline.provenance.statements import redact
 from pipeline.stages.sources import SourcePolicy
@@ -39,9 +39,14 @@ class JobSubmission(BaseModel):
         default=None, description="A hub repo `org/name@revision`, a folder or a .gguf"
     )
     sources: list[str] = Field(default_factory=list, description="Several sources, one job each")
-    recipe: str = "tq2_0"
+    recipe: str | None = Field(
+        default=None, description="tq2_0, tq1_0, q2_0 or q1_0 in any case (default: tq2_0, or the target's)"
+    )
+    target: str | None = Field(
+        default=None, description="cpu, cuda, metal or vulkan: picks the default recipe; warns of slow types"
+    )
     priority: int = Field(default=0, description="Higher runs sooner")
-    options: dict[str, Any] = Field(default_factory=dict)
+    options: dict[str, Any] = Field(default_factory=dict, description="Job options (`bonsai recipes`)")
 
     @model_validator(mode="after")
     def _check(self) -> JobSubmission:
@@ -97,15 +102,14 @@ def list_jobs(
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, summary="Submit jobs")
-def submit(request: Request, token: Submitter, body: JobSubmission) -> dict[str, list[int]]:
-    from pipeline.ternary.policy import get_recipe
-
-    get_recipe(body.recipe, body.options)  # unknown recipe or bad knob: 400 before anything is recorded
-    requests = [JobRequest(s, body.recipe, body.priority, body.options) for s in body.all_sources()]
+def submit(request: Request, token: Submitter, body: JobSubmission) -> dict[str, list[Any]]:
+    options = {**body.options, **({"target": body.target} if body.target is not None else {})}
+    # The CLI's check: unknown recipe, option or value is a 400 before anything is recorded.
+    requests = [check_request(JobRequest(s, body.recipe, body.priority, options)) for s in body.all_sources()]
     # Hub ids always; local paths only under BONSAI_SOURCE_ROOTS (none by default).
     policy = SourcePolicy.from_roots(request.app.state.settings.source_root_list, allow_any_local=False)
     job_ids = submit_jobs(request.app.state.rt, requests, f"api:{token.name}", policy)
-    return {"job_ids": job_ids}
+    return {"job_ids": job_ids, "warnings": sorted({w for r in requests for w in r.warnings})}
 
 
 @router.get("/{job_id}", summary="One job: every attempt of every stage, artifacts, validation")

@@ -9,11 +9,15 @@ from typing import Any
 
 import click
 
+from pipeline.app.cli.help import ListsRecipes
 from pipeline.app.cli.main import (
+    TARGET_CHOICES,
     CliContext,
     cli,
+    command_prefix,
     fail,
     guard,
+    missing_home,
     parse_options,
     require_broker,
 )
@@ -29,26 +33,36 @@ def _with_calibration(options: dict[str, Any], path: Path | None) -> dict[str, A
     return {**options, "calibration_text": read_calibration_file(path)}
 
 
-@cli.command()
+@cli.command(cls=ListsRecipes)
 @click.argument("source")
-@click.option("--recipe", default="tq2_0", show_default=True, help="Named recipe (tq2_0, tq1_0).")
-@click.option("--option", "options", multiple=True, help="Recipe knob KEY=VALUE (repeatable).")
+@click.option("--recipe", default=None,
+              help="Named recipe (listed below; default: tq2_0, or the fast one for --target).")
+@click.option("--target", type=click.Choice(TARGET_CHOICES), default=None,
+              help="Where the GGUF will run: picks the default recipe and warns about slow types.")
+@click.option("--option", "options", multiple=True, help="Job option KEY=VALUE (repeatable; listed below).")
 @click.option("--calibration", "calibration", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Calibration text (UTF-8) for recipes that use one (importance=imatrix, method=gptq); "
                    "default: the built-in text.")
-@click.option("--out", type=click.Path(path_type=Path), help="Also copy the GGUF here.")
+@click.option("--out", type=click.Path(),
+              help="Where the GGUF goes: a file, or a folder (made if missing) for <model>-<TYPE>.gguf "
+                   "[default: the current folder].")
+@click.option("--force", is_flag=True, help="Replace an existing output file instead of choosing a new name.")
 @click.option("--json", "as_json", is_flag=True, help="Print the job detail as JSON at the end.")
 @click.pass_obj
 @guard
-def convert(obj: CliContext, source: str, recipe: str, options: tuple[str, ...], calibration: Path | None,
-            out: Path | None, as_json: bool) -> None:
-    """Convert SOURCE in this process (embedded mode), with progress."""
+def convert(obj: CliContext, source: str, recipe: str | None, target: str | None, options: tuple[str, ...],
+            calibration: Path | None, out: str | None, force: bool, as_json: bool) -> None:
+    """Convert SOURCE in this process (embedded mode), with progress.
+
+    The GGUF is copied out as <model>-<TYPE>.gguf (never over an existing file without
+    --force); when validation fails it is not, and `bonsai export JOB --force` takes it.
+    """
+    from pipeline.app import outputs
     from pipeline.app.convert import convert_source
 
-    if out is not None and out.exists():
-        fail(f"--out {out} already exists; choose a new path (artifacts are never overwritten)")
-    knobs = _with_calibration(parse_options(options), calibration)
-    code = convert_source(obj.runtime(), source, recipe, knobs, out, as_json)
+    plan = outputs.plan(out, force, obj.settings.output_dir or Path.cwd())
+    knobs = _with_calibration(parse_options(options, target), calibration)
+    code = convert_source(obj.runtime(), source, recipe, knobs, plan, as_json, command_prefix(obj))
     sys.exit(code)
 
 
@@ -61,6 +75,12 @@ def jobs(obj: CliContext, status: str | None, as_json: bool) -> None:
     """List jobs."""
     from pipeline.app.reports import print_jobs
 
+    why = missing_home(obj)
+    if why:
+        click.echo(why, err=True)
+        if as_json:
+            click.echo("[]")
+        return
     print_jobs(obj.runtime(), status, as_json)
 
 
@@ -73,37 +93,48 @@ def show(obj: CliContext, job_id: int, as_json: bool) -> None:
     """One job: stages, every attempt, artifacts and the validation result."""
     from pipeline.app.reports import print_job
 
+    why = missing_home(obj)
+    if why:
+        fail(f"job {job_id} does not exist: {why}")
     print_job(obj.runtime(), job_id, as_json)
 
 
-@cli.command()
+@cli.command(cls=ListsRecipes)
 @click.argument("sources", nargs=-1)
 @click.option("--manifest", type=click.Path(path_type=Path, dir_okay=False),
-              help="YAML or JSON list of jobs.")
-@click.option("--recipe", default="tq2_0", show_default=True)
+              help="YAML or JSON list of jobs (see the README).")
+@click.option("--recipe", default=None,
+              help="Named recipe (listed below; default: tq2_0, or the fast one for --target); "
+                   "a manifest entry's own recipe wins.")
+@click.option("--target", type=click.Choice(TARGET_CHOICES), default=None,
+              help="Where the GGUFs will run: picks the default recipe and warns about slow types.")
 @click.option("--priority", default=0, show_default=True, help="Higher runs sooner.")
-@click.option("--option", "options", multiple=True, help="Recipe knob KEY=VALUE (repeatable).")
+@click.option("--option", "options", multiple=True, help="Job option KEY=VALUE (repeatable; listed below).")
 @click.option("--calibration", "calibration", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Calibration text (UTF-8) for recipes that use one (importance=imatrix, method=gptq); "
                    "default: the built-in text.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 @guard
-def submit(obj: CliContext, sources: tuple[str, ...], manifest: Path | None, recipe: str, priority: int,
-           options: tuple[str, ...], calibration: Path | None, as_json: bool) -> None:
+def submit(obj: CliContext, sources: tuple[str, ...], manifest: Path | None, recipe: str | None,
+           target: str | None, priority: int, options: tuple[str, ...], calibration: Path | None, as_json: bool) -> None:
     """Record jobs and dispatch them to workers; prints the job ids."""
-    from pipeline.orchestration.job_control import JobRequest, read_manifest
+    from pipeline.orchestration.job_control import JobRequest, check_request, read_manifest
 
     require_broker(obj, "submit")
-    knobs = _with_calibration(parse_options(options), calibration)
-    requests = [JobRequest(s, recipe, priority, knobs) for s in sources]
+    # Checked here, before the broker or the database is touched: a typo costs nothing.
+    given = _with_calibration(parse_options(options, target), calibration)
+    requests = [check_request(JobRequest(s, recipe, priority, given)) for s in sources]
     if manifest is not None:
-        requests += read_manifest(manifest, recipe, priority)
+        requests += read_manifest(manifest, recipe, priority, given)
     if not requests:
         fail("nothing to submit: give SOURCE arguments or --manifest FILE")
     from pipeline.orchestration.launcher import submit_jobs
 
     job_ids = submit_jobs(obj.runtime(), requests, "cli:submit", obj.source_policy())
+    for job_id, request in zip(job_ids, requests, strict=True):
+        for warning in request.warnings:
+            click.echo(f"warning: job {job_id}: {warning}", err=True)
     click.echo(json.dumps({"job_ids": job_ids}) if as_json else "\n".join(map(str, job_ids)))
 
 

@@ -25,7 +25,11 @@ from pipeline.core.settings import Settings
 __all__ = [
     "cli", "CliContext", "fail", "guard", "echo_json", "parse_options", "stage_names", "require_broker",
     "exit_now",
+    "command_prefix", "missing_home", "TARGET_CHOICES",
 ]
+
+# The backends `--target` names (ternary.backends.TARGETS; spelled here so `bonsai jobs` imports nothing).
+TARGET_CHOICES = ("cpu", "cuda", "metal", "vulkan")
 
 
 @dataclass
@@ -102,17 +106,39 @@ def stage_names() -> list[Any]:
 
     return list(StageName)
 
-def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
+def parse_options(pairs: tuple[str, ...], target: str | None = None) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs as text; the option table (`ternary.options`) gives each its kind."""
     options: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
             fail(f"--option {pair!r} must look like KEY=VALUE")
         key, raw = pair.split("=", 1)
-        try:
-            options[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            options[key] = raw
+        options[key.strip()] = raw
+    if target is not None:
+        options["target"] = target
     return options
+
+
+def missing_home(obj: CliContext) -> str | None:
+    """Why there can be no jobs here (an embedded home whose database was never made), or None.
+
+    Read-only commands say so instead of making an empty database in a folder nobody used."""
+    settings = obj.settings
+    if settings.database_url or not settings.is_embedded:
+        return None
+    database = (settings.home / "bonsai.db").resolve()
+    if database.exists():
+        return None
+    return (f"no jobs here: there is no database at {database} (the home is {settings.home}; "
+            "`bonsai convert` makes one; give --home or BONSAI_HOME to look at another)")
+
+
+def command_prefix(obj: CliContext) -> str:
+    """How to call bonsai on the same data again: ``--home`` when the home is not the default."""
+    import shlex
+
+    home = obj.settings.home
+    return "bonsai" if home == Path(".bonsai") else f"bonsai --home {shlex.quote(str(home))}"
 
 def require_broker(obj: CliContext, command: str) -> None:
     if obj.settings.is_embedded:

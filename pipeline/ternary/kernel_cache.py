@@ -1,0 +1,48 @@
+"""Whether the compiled kernel for a ternary type still has to be compiled on this machine.
+
+numba keeps the machine code of `kernel` and `kernel_bonsai` on disk (next to their sources);
+the first decomposition on a machine compiles it once (tens of seconds for a model of any
+size), later ones load it. `bonsai convert` asks `is_cold` first, to say so instead of
+looking stuck.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.ternary.kernel import is_available
+
+__all__ = ["is_cold", "COMPILE_ESTIMATE_S"]
+
+# Measured on two cores: the TQ kernel ~15 s, the Q2_0/Q1_0 kernel (more variants) ~30 s.
+COMPILE_ESTIMATE_S = {"TQ2_0": 15, "TQ1_0": 15, "Q2_0": 30, "Q1_0": 30}
+
+
+def _dispatcher(ggml_type: str) -> Any:
+    if ggml_type in ("TQ2_0", "TQ1_0"):
+        from pipeline.ternary import _kernel_impl
+
+        return _kernel_impl.fit_pack_all
+    if ggml_type in ("Q2_0", "Q1_0"):
+        from pipeline.ternary import _kernel_bonsai_impl
+
+        return _kernel_bonsai_impl.fit_pack_bonsai_all
+    return None
+
+
+def is_cold(ggml_type: str) -> bool:
+    """True when fitting `ggml_type` here would compile the kernel first (no fresh cached code on disk).
+
+    False when numba is missing (no kernel to compile), the type has no kernel, this process
+    compiled it already, or numba's cache cannot be read (unknown: say nothing).
+    """
+    if not is_available():
+        return False
+    dispatcher = _dispatcher(ggml_type.upper())
+    if dispatcher is None or dispatcher.signatures:
+        return False
+    try:
+        # numba's own index reader: empty when the index is missing, of another numba, or stale.
+        return not dispatcher._cache._cache_file._load_index()
+    except Exception:  # noqa: BLE001 - a private numba API: any change means "unknown"
+        return False
