@@ -91,7 +91,8 @@ def _manifest_entry(path: Path, index: int, item: Any, recipe: str | None, prior
         item = {"source": item}
     if not isinstance(item, dict) or not isinstance(item.get("source"), str) or not item["source"].strip():
         raise InputError(f"manifest {path}, entry {index}: needs a `source` string, got {_SHORT.repr(item)}")
-    unknown = sorted(key[:80] if isinstance(key, str) else _SHORT.repr(key) for key in set(item) - _MANIFEST_KEYS)
+    unknown = sorted(key[:80] if isinstance(key, str) else _SHORT.repr(key)
+                     for key in set(item) - _MANIFEST_KEYS)
     if unknown:
         close = difflib.get_close_matches(unknown[0], _MANIFEST_KEYS, n=1, cutoff=0.6)
         hint = f" (did you mean {close[0]!r}?)" if close else ""

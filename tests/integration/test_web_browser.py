@@ -166,7 +166,8 @@ def test_read_token_browses_a_converted_job(
     assert "succeeded" in row.text and "100%" in row.text
     assert "token=" not in browser.current_url
     row.click()
-    wait(browser, lambda d: len(css(d, "#timeline .attempt[data-stage]")) == len(STAGES), "every stage attempt")
+    wait(browser, lambda d: len(css(d, "#timeline .attempt[data-stage]")) == len(STAGES),
+         "every stage attempt")
     attempts = [
         (a.get_attribute("data-stage"), a.get_attribute("data-status"))
         for a in css(browser, "#timeline .attempt[data-stage]")
@@ -194,7 +195,8 @@ def test_read_token_browses_a_converted_job(
     browser.execute_script("sessionStorage.clear()")
     browser.get("about:blank")
     browser.get(f"{server.base}/#token={READ_TOKEN}&job=1")
-    wait(browser, lambda d: len(css(d, "#timeline .attempt[data-stage]")) == len(STAGES), "job 1 from the fragment")
+    wait(browser, lambda d: len(css(d, "#timeline .attempt[data-stage]")) == len(STAGES),
+         "job 1 from the fragment")
     assert browser.current_url.endswith("#job=1")
 
 

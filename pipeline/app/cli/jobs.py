@@ -117,7 +117,8 @@ def show(obj: CliContext, job_id: int, as_json: bool) -> None:
 @click.pass_obj
 @guard
 def submit(obj: CliContext, sources: tuple[str, ...], manifest: Path | None, recipe: str | None,
-           target: str | None, priority: int, options: tuple[str, ...], calibration: Path | None, as_json: bool) -> None:
+           target: str | None, priority: int, options: tuple[str, ...], calibration: Path | None,
+           as_json: bool) -> None:
     """Record jobs and dispatch them to workers; prints the job ids."""
     from pipeline.orchestration.job_control import JobRequest, check_request, read_manifest
 
