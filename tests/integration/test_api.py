@@ -136,7 +136,7 @@ def test_submit_list_detail_retry_and_cancel(api: Api) -> None:
 
     retried = api.post(f"/api/jobs/{job_id}/retry", {"from_stage": "inspect"})
     assert retried.status_code == 200, retried.text
-    assert len(retried.json()["run_ids"]) == 4  # inspect and the three stages after it
+    assert len(retried.json()["run_ids"]) == 5  # inspect and the four stages after it
     api.app.state.launcher.wait(job_id, timeout_s=60)
     attempts = [
         (r["stage"], r["attempt"], r["status"]) for r in api.get(f"/api/jobs/{job_id}").json()["stages"]

@@ -30,8 +30,8 @@ def cluster(pg_url: str, broker_url: str, s3_bucket: str, s3_endpoint: str,
 
 def test_workers_with_their_own_homes_convert_through_the_bucket(cluster: Cluster, demo_checkpoint: Path,
                                                                  tmp_path: Path) -> None:
-    # io and cpu stages on one machine, gpu stages (decompose, validate) on another: the second
-    # can only get the first one's outputs from the bucket.
+    # io and cpu stages on one machine, gpu stages (calibrate, decompose, validate) on another: the
+    # second can only get the first one's outputs from the bucket.
     homes = [tmp_path / "machine-a", tmp_path / "machine-b"]
     cluster.start_worker("io,cpu", BONSAI_HOME=str(homes[0]))
     cluster.start_worker("gpu", BONSAI_HOME=str(homes[1]))
@@ -40,8 +40,10 @@ def test_workers_with_their_own_homes_convert_through_the_bucket(cluster: Cluste
     assert set(statuses.values()) == {"succeeded"}, [j.error_message for j in cluster.jobs()]
 
     runs = [r for r in cluster.runs() if r.status == "succeeded"]
+    calibrate = next(r for r in runs if r.stage == "calibrate")
+    assert calibrate.metrics["store_cache_misses"] > 0 and calibrate.metrics["store_downloaded_bytes"] > 0
     decompose = next(r for r in runs if r.stage == "decompose")
-    assert decompose.metrics["store_cache_misses"] > 0 and decompose.metrics["store_downloaded_bytes"] > 0
+    assert decompose.metrics["store_cache_hits"] > 0, "decompose read the source calibrate fetched"
     package = next(r for r in runs if r.stage == "package")
     assert package.metrics["store_cache_misses"] > 0, "package fetched decompose's parts from the bucket"
     assert package.metrics["store_cache_hits"] > 0, "and read the card it wrote itself from its cache"

@@ -265,7 +265,7 @@ def test_submit_token_submits_retries_and_cancels(
         "inspect #2",
     )
     wait(browser, lambda d: _job_status(d, 1) == "failed", "job 1 failed again")
-    assert "4 new attempt(s)" in text_of(browser, "#action-message")
+    assert "5 new attempt(s)" in text_of(browser, "#action-message")  # inspect and the four stages after it
     assert times_shown() == 1 and "inspect #1, inspect #2" in text_of(browser, "#job-error")
     assert not css(browser, "#cancel-button")[0].is_enabled(), "a finished job cannot be cancelled"
     screenshot(browser, tmp_path, "web-failed-job-retried")

@@ -243,14 +243,20 @@ def test_package_refuses_missing_source_file(ternary_from_gguf: dict[str, Any], 
 
 @pytest.mark.llama
 def test_validate_compares_with_the_source_file(ternary_from_gguf: dict[str, Any], tmp_path: Path) -> None:
-    from pipeline.stages import validate
+    from pipeline.stages import calibrate, validate
 
+    # calibrate runs the GGUF source itself (no 16-bit copy is written) and keeps its answers.
+    cal = calibrate.run(calibrate.make_params(ternary_from_gguf["job"]), ternary_from_gguf["inputs"],
+                        _workdir(tmp_path, "cal"))
+    assert cal.metrics["source_kind"] == "gguf-source"
     inputs = {
         **ternary_from_gguf["inputs"],
+        **{f"calibrate/{o.name}": _input(f"calibrate/{o.name}", o.path) for o in cal.outputs},
         "package/model.gguf": _input("package/model.gguf", ternary_from_gguf["gguf"]),
     }
     try:
-        metrics = validate.run(validate.make_params(ternary_from_gguf["job"]), inputs, tmp_path).metrics
+        metrics = validate.run(validate.make_params(ternary_from_gguf["job"]), inputs,
+                               _workdir(tmp_path, "val")).metrics
     except validate.ValidationFailed as exc:
         metrics = exc.metrics
     assert metrics["source"]["kind"] == "gguf-source" and metrics["source"]["error"] is None

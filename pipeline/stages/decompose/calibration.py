@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from pipeline.core.errors import InputError
 from pipeline.stages.base import InputFile
 
 if TYPE_CHECKING:
+    import torch  # imported where used: decompose's params must load without torch (a light start)
+
     from pipeline.calibration.gram import GramFile
     from pipeline.calibration.imatrix import Imatrix
 
@@ -55,6 +55,8 @@ class CalibrationInputs:
         if values.shape != (1, cols):
             raise InputError(f"{name}: the importance matrix has shape {list(values.shape)}, the weight "
                              f"{cols} input columns; {_FIX}")
+        import torch
+
         return torch.from_numpy(values[0].copy())
 
     def gram(self, name: str) -> torch.Tensor:
