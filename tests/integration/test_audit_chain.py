@@ -146,7 +146,8 @@ def test_signed_statements_verify_in_audit(demo: Demo, tmp_path: Path) -> None:
     public = {"BONSAI_SIGNING_PUBLIC_KEY": f"{key}.pub"}
 
     signed = demo.bonsai("sign", "--job", "1", BONSAI_SIGNING_KEY=str(key))
-    assert signed.returncode == 0 and signed.stdout.startswith("13 statement(s) signed"), signed.stdout  # calibrate: one
+    # One statement per output: calibrate's reference is the thirteenth.
+    assert signed.returncode == 0 and signed.stdout.startswith("13 statement(s) signed"), signed.stdout
 
     result = demo.bonsai("audit", "--job", "1", "--json", **public)
     assert result.returncode == 0, result.stdout
