@@ -10,9 +10,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import func, or_, select, text, update
 from sqlalchemy.exc import IntegrityError as SAIntegrityError
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session, aliased, selectinload
 
 from pipeline.core.errors import InputError
 from pipeline.core.states import JobState, StageName, StageState, require
@@ -282,7 +282,13 @@ def lock_cache_key(session: Session, key: str) -> None:
 
 
 def running_with_key(session: Session, key: str, exclude_run_id: int, heartbeat_after: datetime) -> bool:
-    """Whether another run with this cache key is running and alive."""
+    """Whether another run with this cache key is running and alive.
+
+    Alive: it beat since `heartbeat_after`, or it is a parent whose shard children do the
+    work (a parent does not beat; the reconciler judges it by its children, and so do we).
+    """
+    child = aliased(StageRun)
+    has_children = select(child.id).where(child.parent_run_id == StageRun.id).exists()
     return (
         session.scalar(
             select(StageRun.id)
@@ -290,7 +296,7 @@ def running_with_key(session: Session, key: str, exclude_run_id: int, heartbeat_
                 StageRun.cache_key == key,
                 StageRun.status == StageState.RUNNING.value,
                 StageRun.id != exclude_run_id,
-                StageRun.heartbeat_at > heartbeat_after,
+                or_(StageRun.heartbeat_at > heartbeat_after, has_children),
             )
             .limit(1)
         )

@@ -140,6 +140,7 @@ def _carry_out(rt: Runtime, run_id: int, use_cache: bool, captured: AttemptLog) 
         with heartbeat, _memory_guard(rt, run_id):
             result = module.run(params, inputs, workdir, **_clients_for(module.run, _stage_clients(rt)))
         with session_scope(rt.sessions) as session:
+            _lock_key_of(session, run_id)
             run = _lock_run(session, run_id)
             if run.status != StageState.RUNNING.value:
                 # Cancelled, or declared lost while we worked: our outputs are not wanted.
@@ -236,6 +237,7 @@ def join_shards(rt: Runtime, parent_id: int) -> fanout.JoinOutcome:
 
     try:
         with store_activity(), session_scope(rt.sessions) as session:
+            _lock_key_of(session, parent_id)
             return fanout.settle_parent(session, rt.store, parent_id, rt.max_attempts, record)
     except SQLAlchemyError:
         raise
@@ -277,6 +279,17 @@ def _cache_key_for(module: Any, stage: StageName, params: Any, inputs: Mapping[s
     if identity is None:
         return None  # the stage says its result cannot be reused (say, a folder that may change)
     return cache_key(stage, module.VERSION, {"params": params, "identity": identity}, inputs)
+
+
+def _lock_key_of(session: Session, run_id: int) -> None:
+    """Hold the run's cache-key lock while its outcome is written.
+
+    An equal-key claim checks "done?" then "running?" under this lock; without it a success
+    committed between the two checks would look like neither, and the same work ran twice.
+    """
+    key = session.scalar(select(StageRun.cache_key).where(StageRun.id == run_id))
+    if key is not None:
+        repo.lock_cache_key(session, key)
 
 
 def _lock_run(session: Session, run_id: int) -> StageRun:
