@@ -72,6 +72,8 @@ _OPTIONS: tuple[Option, ...] = (
     Option("output_type", "decompose", "str", "F16", "type of output.weight", HIGH_PRECISION),
     Option("fallback_type", "decompose", "str", "F16", "type of a 2-D tensor that cannot be ternary",
            FALLBACK_TYPES),
+    Option("target_bpw", "decompose", "float", None, "auto only: bits per weight the 2-D weights may take "
+           "(default 4.0); the types that lose least within it are chosen", low=1.5, high=8.5),
     Option("device", "decompose", "str", "auto", "where the fit runs: auto, cpu, cuda or cuda:N",
            check=_device),
     Option("shards", "decompose", "list", None, "only these safetensors shards (names; default: all)"),

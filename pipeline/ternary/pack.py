@@ -25,6 +25,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
+from pipeline.formats.gguf.ggml_quantize import LLAMA_QUANT_TYPES, quantize
 from pipeline.formats.gguf.types import block_geometry
 from pipeline.ternary import pack_bonsai
 
@@ -33,6 +34,7 @@ __all__ = [
     "TERNARY_TYPES",
     "BONSAI_TYPES",
     "PLAIN_TYPES",
+    "PART_TYPES",
     "bits_per_weight",
     "tensor_nbytes",
     "pack_tq2_0",
@@ -48,7 +50,11 @@ __all__ = [
 QK_K = 256
 TERNARY_TYPES = ("TQ2_0", "TQ1_0")
 BONSAI_TYPES = ("Q2_0", "Q1_0")  # llama.cpp's Bonsai types: `pack_bonsai`
-PLAIN_TYPES = ("F32", "F16", "BF16", "Q8_0")
+# Types a tensor is stored as without a ternary fit; the legacy and K-quants come from llama.cpp's
+# own quantizer (`formats.gguf.ggml_quantize`).
+PLAIN_TYPES = ("F32", "F16", "BF16", "Q8_0", *LLAMA_QUANT_TYPES)
+# Types a decompose part may carry: what llama.cpp runs and a recipe may choose.
+PART_TYPES = (*TERNARY_TYPES, *BONSAI_TYPES, *PLAIN_TYPES)
 _TQ2_BYTES = 66
 _TQ1_BYTES = 54
 _POW5 = np.array([81, 27, 9, 3, 1], dtype=np.uint16)
@@ -191,12 +197,14 @@ def unpack_ternary(
     raise ValueError(f"{ggml_type!r} is not a ternary type; expected one of {TERNARY_TYPES + BONSAI_TYPES}")
 
 
-def encode_plain(values: npt.ArrayLike | torch.Tensor, ggml_type: str) -> U8Array:
-    """Raw little-endian bytes of a float tensor in F32, F16, BF16 or Q8_0, flattened.
+def encode_plain(values: npt.ArrayLike | torch.Tensor, ggml_type: str,
+                 importance: npt.ArrayLike | None = None) -> U8Array:
+    """Raw little-endian bytes of a float tensor in F32, F16, BF16, Q8_0 or a llama.cpp quant, flattened.
 
     BF16 and Q8_0 use gguf-py's quantizers (round-to-nearest-even BF16; llama.cpp's Q8_0
-    reference). Raises ValueError for other types, for values that overflow F16 (the caller
-    names the tensor) and for Q8_0 rows not a multiple of 32.
+    reference); Q4_0, Q5_0 and the K-quants llama.cpp's own, weighted by ``importance`` (one
+    weight per column) when given. Raises ValueError for other types, for values that overflow
+    F16 (the caller names the tensor) and for rows that are not whole blocks.
     """
     if isinstance(values, torch.Tensor):
         values = values.detach().to(torch.float32).cpu().numpy()
@@ -208,6 +216,8 @@ def encode_plain(values: npt.ArrayLike | torch.Tensor, ggml_type: str) -> U8Arra
             out = arr.astype("<f2")
         if not np.all(np.isfinite(out) | ~np.isfinite(arr)):
             raise ValueError(f"values up to {float(np.abs(arr).max()):g} overflow F16 (max 65504)")
+    elif ggml_type in LLAMA_QUANT_TYPES:
+        out = quantize(arr if arr.ndim else arr.reshape(1), ggml_type, importance)
     elif ggml_type in ("BF16", "Q8_0"):
         if ggml_type == "Q8_0" and arr.shape and arr.shape[-1] % 32 != 0:
             raise ValueError(f"row length {arr.shape[-1]} is not a multiple of the Q8_0 block size 32")

@@ -28,7 +28,7 @@ from pipeline.formats.gguf.types import block_geometry
 
 __all__ = [
     "Recipe", "TensorDecision", "RECIPES", "LINEAR_KINDS", "METHODS", "BONSAI_METHODS", "HIGH_PRECISION",
-    "FALLBACK_TYPES", "get_recipe", "decide",
+    "FALLBACK_TYPES", "AUTO", "get_recipe", "decide", "importance_for",
 ]
 
 # Per-block linear weights llama.cpp multiplies activations by: the ternary candidates.
@@ -70,16 +70,21 @@ class Recipe:
     embed_type: str = "F16"
     output_type: str = "F16"
     fallback_type: str = "F16"
+    target_bpw: float = 0.0
 
 
 @dataclass(frozen=True)
 class TensorDecision:
-    """How one tensor is stored and why; ``is_fallback`` marks a tensor denied ternary it was meant for."""
+    """How one tensor is stored and why; ``is_fallback`` marks a tensor denied ternary it was meant for.
+
+    ``levels``: this tensor's Q2_0 levels when it differs from the recipe's (the ``auto`` recipe).
+    """
 
     ggml_type: str
     is_ternary: bool
     reason: str
     is_fallback: bool = False
+    levels: int | None = None
 
 
 RECIPES: dict[str, Recipe] = {
@@ -87,7 +92,12 @@ RECIPES: dict[str, Recipe] = {
     "tq1_0": Recipe(name="tq1_0", ternary_type="TQ1_0"),
     "q2_0": Recipe(name="q2_0", ternary_type="Q2_0"),
     "q1_0": Recipe(name="q1_0", ternary_type="Q1_0"),
+    # Mixed precision by sensitivity (`ternary.allocate`): each 2-D weight gets the type whose
+    # weighted error is worth its bytes, within target_bpw over all of them.
+    "auto": Recipe(name="auto", ternary_type="Q2_0", embed_type="Q8_0", output_type="Q8_0", target_bpw=4.0),
 }
+AUTO = "auto"
+_TARGET_BPW_RANGE = (1.5, 8.5)  # all ternary Q2_0 .. all Q8_0
 _LEVELS_RECIPES = ("q2_0",)
 
 _ALLOWED: dict[str, tuple[Any, ...]] = {
@@ -124,6 +134,19 @@ def get_recipe(name: str, options: Mapping[str, Any] | None = None) -> Recipe:
                                  "remove it")
             if value not in (3, 4) or isinstance(value, bool):
                 raise InputError(f"recipe option levels={value!r}; expected 3 (ternary) or 4 (adds code +2)")
+        elif key == "target_bpw":
+            low, high = _TARGET_BPW_RANGE
+            if name != AUTO:
+                raise InputError(f"recipe option target_bpw={value!r} applies to recipe auto only, "
+                                 f"not {name!r}; remove it or use --recipe auto")
+            if not isinstance(value, int | float) or isinstance(value, bool) or not low <= value <= high:
+                raise InputError(f"recipe option target_bpw={value!r}; expected a number from {low} to "
+                                 f"{high} "
+                                 "(bits per weight over the 2-D weights)")
+            value = float(value)
+        elif key == "method" and name == AUTO and value != "optimal":
+            raise InputError(f"recipe option method={value!r} for recipe auto; its rungs are fitted with the "
+                             "exact optimum (method=optimal): remove the option")
         elif key == "method" and recipe.ternary_type in BONSAI_METHODS:
             allowed = (*BONSAI_METHODS[recipe.ternary_type], GPTQ)
             if value not in allowed:
@@ -191,3 +214,12 @@ def decide(gguf_name: str, shape: tuple[int, ...], recipe: Recipe) -> TensorDeci
 def _has_levels(recipe: Recipe) -> bool:
     """True when the recipe's ``levels`` knob applies (the q2_0 recipe)."""
     return recipe.name in _LEVELS_RECIPES
+
+
+def importance_for(recipe: str, options: Mapping[str, Any]) -> str:
+    """The ``importance`` a job uses: as given, else ``imatrix`` for auto (its costs are weighted), else
+    none."""
+    given = options.get("importance")
+    if given:
+        return str(given)
+    return "imatrix" if recipe == AUTO else "none"

@@ -11,7 +11,7 @@ from pipeline.core.errors import InputError
 from pipeline.orchestration.job_control import JobRequest, check_request, read_manifest
 from pipeline.stages.validate.params import DEFAULT_AGREEMENT_TEXT, Params
 from pipeline.ternary.options import KINDS, OPTIONS, canonical_recipe, check_job_input, job_warnings
-from pipeline.ternary.policy import Recipe
+from pipeline.ternary.policy import RECIPES, Recipe
 
 
 @pytest.mark.parametrize("spelled", ["tq2_0", "TQ2_0", "Tq2_0", " tq2-0 ", "MOSTLY_TQ2_0",
@@ -24,7 +24,7 @@ def test_recipe_names_in_any_case_and_llama_cpp_spellings(spelled: str) -> None:
 def test_q_recipes_and_unknown_recipes() -> None:
     assert canonical_recipe("Q2_0") == "q2_0" and canonical_recipe("q1_0") == "q1_0"
     with pytest.raises(InputError, match=r"unknown recipe 'tq9'; did you mean 'tq2_0' or 'tq1_0'\? "
-                                         r"known recipes: q1_0, q2_0, tq1_0, tq2_0"):
+                                         r"known recipes: auto, q1_0, q2_0, tq1_0, tq2_0"):
         canonical_recipe("tq9")
 
 
@@ -86,8 +86,11 @@ def test_the_table_matches_the_stages_defaults() -> None:
     assert OPTIONS["agreement_text"].default is None and params.agreement_text == DEFAULT_AGREEMENT_TEXT
     recipe = Recipe(name="x", ternary_type="TQ2_0")
     for field in dataclasses.fields(Recipe):
-        if field.name not in ("name", "ternary_type"):
+        if field.name not in ("name", "ternary_type", "target_bpw"):
             assert OPTIONS[field.name].default == getattr(recipe, field.name), field.name
+    # target_bpw is auto's alone: no table default, the recipe's own (named in the help).
+    assert OPTIONS["target_bpw"].default is None and "4.0" in OPTIONS["target_bpw"].help
+    assert RECIPES["auto"].target_bpw == 4.0
 
 
 def test_check_request_runs_the_stages_cross_checks_before_any_row() -> None:

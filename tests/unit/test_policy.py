@@ -53,10 +53,10 @@ def test_every_fallback_has_its_name() -> None:
 
 
 def test_recipes_and_knobs() -> None:
-    assert set(RECIPES) == {"tq2_0", "tq1_0", "q2_0", "q1_0"}
+    assert set(RECIPES) == {"tq2_0", "tq1_0", "q2_0", "q1_0", "auto"}
     recipe = get_recipe("tq2_0", {"method": "absmean", "irls_iters": 3, "unrelated": "ignored"})
     assert (recipe.method, recipe.irls_iters, recipe.ternary_type) == ("absmean", 3, "TQ2_0")
-    with pytest.raises(InputError, match="known recipes: q1_0, q2_0, tq1_0, tq2_0"):
+    with pytest.raises(InputError, match="known recipes: auto, q1_0, q2_0, tq1_0, tq2_0"):
         get_recipe("q4_k")
     with pytest.raises(InputError, match="method='fast'.*optimal"):
         get_recipe("tq2_0", {"method": "fast"})

@@ -24,6 +24,7 @@ from typing import Any
 from pipeline.calibration.text import BUILTIN_NAME, builtin_text, check_disjoint, text_sha256
 from pipeline.core.errors import InputError
 from pipeline.stages.base import JobSpec
+from pipeline.ternary.policy import importance_for
 
 __all__ = ["Params", "make_params", "IMPORTANCE_KINDS", "MAX_INLINE_BYTES", "needs_statistics"]
 
@@ -105,7 +106,7 @@ def make_params(job: JobSpec) -> Params:
 
     probe = validate_params(job)  # the very prompts and text validate will ask
     options = job.options
-    importance = options.get("importance", "none") or "none"
+    importance = importance_for(job.recipe, options)
     if importance not in IMPORTANCE_KINDS:
         raise InputError(f"option importance={importance!r}; expected one of {', '.join(IMPORTANCE_KINDS)}")
     params = Params(

@@ -19,21 +19,20 @@ import torch
 
 from pipeline.core.errors import InputError, IntegrityError
 from pipeline.core.files import atomic_path
+from pipeline.formats.gguf.ggml_quantize import LLAMA_QUANT_TYPES
 from pipeline.formats.model_card import ModelCard
 from pipeline.formats.parts import PartEntry, PartIndex
 from pipeline.formats.rawio import pread_exact
 from pipeline.stages.decompose.calibration import CalibrationInputs
 from pipeline.stages.decompose.repack import TERNARY_SOURCE_TYPES, repack
 from pipeline.ternary.decompose import decompose_packed
-from pipeline.ternary.pack import bits_per_weight, decode_bytes, encode_plain, tensor_nbytes
+from pipeline.ternary.pack import PART_TYPES, bits_per_weight, decode_bytes, encode_plain, tensor_nbytes
 from pipeline.ternary.packed import PackedMatrix
 from pipeline.ternary.policy import GPTQ, Recipe, TensorDecision
 from pipeline.ternary.report import TensorReport
 
-__all__ = ["PART_TYPES", "read_part_index", "decompose_shard"]
+__all__ = ["PART_TYPES", "read_part_index", "decompose_shard", "stream_options"]
 
-# Types a part may carry: what llama.cpp runs and the policy may choose.
-PART_TYPES = ("TQ2_0", "TQ1_0", "Q2_0", "Q1_0", "F16", "BF16", "F32", "Q8_0")
 _VERIFY_TOLERANCE = 1e-3  # relative slack between torch's error and numpy's dequantized error
 
 log = logging.getLogger(__name__)
@@ -69,8 +68,9 @@ def _fit_ternary(
     importance = calibration.importance(name, int(weight.shape[1])) if calibration else None
     note = "; importance-weighted by the calibration imatrix" if importance is not None else (
         "; no importance recorded for it: fitted unweighted" if calibration and calibration.imatrix else "")
+    levels = decision.levels or recipe.levels
     return decompose_packed(weight, decision.ggml_type, recipe.method, importance=importance,
-                            irls_iters=recipe.irls_iters, device=device, out=out, levels=recipe.levels), note
+                            irls_iters=recipe.irls_iters, device=device, out=out, levels=levels), note
 
 
 def _encode(
@@ -92,8 +92,11 @@ def _encode(
         n_zero = result.n_zero
     else:
         weight = weight.to(torch.float32)  # 16-bit sources arrive as stored
+        # llama.cpp's quants weigh their rounding by the imatrix, as llama-quantize does.
+        weights = calibration.importance(name, shape[-1]) if (
+            calibration is not None and decision.ggml_type in LLAMA_QUANT_TYPES and len(shape) == 2) else None
         try:
-            raw = encode_plain(weight, decision.ggml_type)
+            raw = encode_plain(weight, decision.ggml_type, weights.numpy() if weights is not None else None)
         except ValueError as exc:
             raise InputError(
                 f"{name}: cannot store as {decision.ggml_type}: {exc}; choose another type for it "
@@ -178,7 +181,7 @@ def decompose_shard(
     out = np.empty(max((e.n_bytes for e in ternary), default=0), np.uint8)
     with atomic_path(final) as partial, open(partial, "wb") as handle:
         handle.write(index.header_bytes())
-        stream = source.iter_tensors(card, files, shard, **_stream_options(source))
+        stream = source.iter_tensors(card, files, shard, **stream_options(source))
         stored = _ternary_source_tensors(card, files, shard, decisions)
         planned_next = iter(index.entries)
         # Not zip(): it keeps the previous pair alive while fetching the next, so the source
@@ -251,7 +254,7 @@ def _encode_or_repack(
     return moved.raw, line
 
 
-def _stream_options(source: Any) -> dict[str, Any]:
+def stream_options(source: Any) -> dict[str, Any]:
     """16-bit safetensors weights as stored: the fit reads bfloat16 directly, so no float32 copy
     of each tensor is made (a pass over memory saved, and half the peak memory)."""
     from pipeline.formats.hf import checkpoint

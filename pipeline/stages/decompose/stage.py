@@ -27,7 +27,7 @@ from pipeline.formats.parts import PART_FORMAT
 from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult, inputs_of
 from pipeline.stages.decompose.calibration import load_calibration, wanted_input
 from pipeline.stages.decompose.merge import finish_report
-from pipeline.ternary.policy import Recipe, decide, get_recipe
+from pipeline.ternary.policy import AUTO, Recipe, decide, get_recipe, importance_for
 from pipeline.ternary.report import TensorReport
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ def make_params(job: JobSpec) -> Params:
     if isinstance(shards, str) or not all(isinstance(s, str) for s in shards):
         raise InputError(f"option shards={shards!r}; expected a list of shard file names")
     recipe = get_recipe(job.recipe, options)
-    importance = options.get("importance", "none") or "none"
+    importance = importance_for(recipe.name, options)
     if importance not in ("none", "imatrix"):
         raise InputError(f"option importance={importance!r}; expected none or imatrix")
     if importance == "imatrix" and recipe.method not in ("optimal", "gptq"):
@@ -177,6 +177,18 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
     recipe = params.recipe
     calibration = load_calibration(inputs, params.importance, recipe.method)
     decisions = {p.gguf_name: decide(p.gguf_name, p.shape, recipe) for p in plan}
+    allocation: dict[str, Any] | None = None
+    if recipe.name == AUTO:
+        from pipeline.stages.decompose.auto import auto_decisions
+        from pipeline.stages.decompose.shard import stream_options
+
+        source = _source_module(card)
+        chosen = auto_decisions(source, card, files, plan, recipe, device, calibration,
+                                stream_options(source))
+        decisions, allocation = chosen.decisions, chosen.summary
+        log.info("stage decompose: auto spends %.3f bpw of target %.3f over %d tensors",
+                 allocation["spent_bpw"],
+                 recipe.target_bpw, len(allocation["candidates"]))
     needed = sum(_planned_bytes(p.shape, decisions[p.gguf_name].ggml_type)
                  for p in plan if p.shard in selected)
     require_free_space(workdir, needed, f"the decomposed parts of {len(selected)} shard(s)")
@@ -199,5 +211,13 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
         "shards": selected, "elapsed_s": round(elapsed_s, 3), "peak_rss_bytes": _peak_rss_bytes(),
         "source_format": card.format, "source_types": dict(card.dtypes),
     }
+    if allocation is not None:
+        header["allocation"] = allocation
     report_outputs, metrics, warnings = finish_report(rows, header, workdir)
+    if allocation is not None:
+        metrics["auto_bpw"] = allocation["spent_bpw"]
+        if not allocation["reachable"]:
+            warnings = (*warnings, f"target_bpw={recipe.target_bpw} is below the smallest file the ladders "
+                        f"allow ({allocation['spent_bpw']} bpw): every tensor is at its cheapest type; "
+                        "raise target_bpw")
     return StageResult(outputs=(*outputs, *report_outputs), metrics=metrics, warnings=warnings)

@@ -18,13 +18,11 @@ from pipeline.formats.model_card import ModelCard
 from pipeline.formats.parts import PartIndex
 from pipeline.formats.rawio import pread_exact
 from pipeline.stages.base import InputFile
-from pipeline.ternary.pack import tensor_nbytes
+from pipeline.ternary.pack import PART_TYPES, tensor_nbytes
 
 __all__ = ["PART_NAME", "PART_TYPES", "PartTensor", "collect_parts", "match_plan", "verify_bytes"]
 
 PART_NAME = re.compile(r"^ternary/part-\d{5}\.safetensors$")
-# Types a part may carry: what llama.cpp runs and the policy may choose.
-PART_TYPES = ("TQ2_0", "TQ1_0", "Q2_0", "Q1_0", "F16", "BF16", "F32", "Q8_0")
 _VERIFY_CHUNK_BYTES = 4 << 20
 
 

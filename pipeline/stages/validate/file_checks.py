@@ -156,6 +156,16 @@ def check_bits_per_weight(
         numbers["decided_bpw"] = round(expected, 4)
         if abs(bpw - expected) > _BPW_PASS_REL * expected:
             return Check("bits_per_weight", "fail", f"{detail}; decompose decided {expected:.4f}", numbers)
+        allocation = (report or {}).get("allocation")
+        if isinstance(allocation, Mapping):
+            # The auto recipe has no single rate: its budget is over all 2-D weights, checked here.
+            spent, target_bpw = allocation.get("spent_bpw"), allocation.get("target_bpw")
+            numbers.update(recipe_bpw=target_bpw, allocation_bpw=spent)
+            verdict = "pass" if allocation.get("reachable") else "warn"
+            return Check("bits_per_weight", verdict, f"{detail.split(', recipe ')[0]}; "
+                         "the auto allocation spends "
+                         f"{spent} bpw of its target {target_bpw} over the 2-D weights; whole file "
+                         f"{summary.bits_per_weight:.3f}", numbers)
         if abs(bpw - target) <= _BPW_PASS_REL * target:
             return Check("bits_per_weight", "pass", detail, numbers)
         reasons = Counter(_reason_kind(f["reason"]) for f in fallbacks)

@@ -1,0 +1,107 @@
+"""The auto recipe end to end on a float checkpoint: the budget holds, more budget buys less error,
+and the llama.cpp-quantized tensors in the GGUF are that quantizer's own bytes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from pipeline.calibration.imatrix import read_imatrix
+from pipeline.core.settings import Settings
+from pipeline.core.states import JobState
+from pipeline.db import repo
+from pipeline.db.session import session_scope
+from pipeline.demo import write_demo_checkpoint
+from pipeline.formats.gguf.ggml_quantize import LLAMA_QUANT_TYPES, quantize
+from pipeline.formats.gguf.reader import GGUFFile
+from pipeline.orchestration.bootstrap import build_runtime
+from pipeline.orchestration.embedded import run_job
+
+pytestmark = pytest.mark.llama
+
+
+@pytest.fixture(scope="module")
+def float_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo llama with Gaussian linear weights (not ternary already): what auto is for."""
+    folder = write_demo_checkpoint(tmp_path_factory.mktemp("float") / "ck")
+    tensors = load_file(folder / "model.safetensors")
+    gen = torch.Generator().manual_seed(3)
+    for name, value in tensors.items():
+        if name.endswith("_proj.weight"):
+            scale = 0.3 if "layers.1.mlp" in name else 0.05  # one block matters more than the rest
+            tensors[name] = (torch.randn(value.shape, generator=gen) * scale).to(value.dtype)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    (folder / "SHA256SUMS").unlink(missing_ok=True)
+    return folder
+
+
+def _convert(home: Path, source: Path, target_bpw: float) -> dict[str, Any]:
+    rt = build_runtime(Settings(home=home))
+    with session_scope(rt.sessions) as session:
+        job_id = repo.create_job(session, str(source), "auto", {"target_bpw": target_bpw}).id
+    run_job(rt, job_id)  # validate may fail on an untrained model; the files are what is checked
+    with session_scope(rt.sessions) as session:
+        runs = repo.latest_runs(session, job_id, with_links=True)
+        outs = {
+            (stage, link.name): rt.store.path(link.artifact_sha256)
+            for stage, run in runs.items()
+            for link in run.links
+            if link.direction == "out"
+        }
+        assert runs["package"].status == "succeeded", runs["decompose"].error_message
+        assert session.get_one(repo.Job, job_id).status in (JobState.SUCCEEDED.value, JobState.FAILED.value)
+    gguf = next(
+        path
+        for (stage, _name), path in outs.items()
+        if stage.value == "package" and path.stat().st_size > 100_000
+    )
+    report = json.loads(outs[(next(s for s, _ in outs if s.value == "decompose"), "report.json")].read_text())
+    imatrix = next(path for (stage, name), path in outs.items() if name == "imatrix.gguf")
+    return {"gguf": gguf, "report": report, "imatrix": imatrix}
+
+
+def test_budget_holds_and_buys_less_error(float_checkpoint: Path, tmp_path: Path) -> None:
+    small = _convert(tmp_path / "a", float_checkpoint, 3.0)
+    large = _convert(tmp_path / "b", float_checkpoint, 6.0)
+    costs = []
+    for result in (small, large):
+        allocation = result["report"]["allocation"]
+        assert allocation["spent_bytes"] <= allocation["budget_bytes"] and allocation["reachable"]
+        chosen = allocation["candidates"]
+        assert len(chosen) == 2 * 7 + 2, "every block linear weight, the embedding and the head"
+        costs.append(
+            sum(next(r["cost"] for r in c["rungs"] if r["type"] == c["chosen"]) for c in chosen.values())
+        )
+        by_name = {t["name"]: t for t in result["report"]["tensors"]}
+        for name, choice in chosen.items():
+            assert by_name[name]["ggml_type"] == choice["chosen"].split("/")[0]
+            assert "auto chose" in by_name[name]["reason"]
+    assert costs[1] < costs[0] / 4, costs
+    assert large["gguf"].stat().st_size > small["gguf"].stat().st_size
+    small_types = {t["ggml_type"] for t in small["report"]["tensors"]}
+    assert "Q2_0" in small_types and small_types & set(LLAMA_QUANT_TYPES), small_types
+
+
+def test_quantized_tensors_are_llama_cpps_own_bytes(float_checkpoint: Path, tmp_path: Path) -> None:
+    result = _convert(tmp_path / "c", float_checkpoint, 4.0)
+    matrix = read_imatrix(result["imatrix"])
+    source = load_file(float_checkpoint / "model.safetensors")
+    checked = 0
+    for tensor in GGUFFile(result["gguf"]).tensors:
+        kind = tensor.tensor_type.name
+        if kind not in LLAMA_QUANT_TYPES or not tensor.name.endswith(("ffn_down.weight", "ffn_up.weight")):
+            continue  # the MLP weights are stored unpermuted: the source tensor is the GGUF tensor
+        layer, proj = tensor.name.split(".")[1], tensor.name.split(".")[2].removeprefix("ffn_")
+        weight = source[f"model.layers.{layer}.mlp.{proj}_proj.weight"].float().numpy()
+        importance = matrix.importance(tensor.name)[0] if tensor.name in matrix.entries else None
+        assert np.array_equal(
+            np.asarray(tensor.data).reshape(-1).view(np.uint8), quantize(weight, kind, importance)
+        ), tensor.name
+        checked += 1
+    assert checked, "the 4 bpw allocation puts some MLP weight on a llama.cpp quant"
