@@ -129,6 +129,17 @@ class ReferenceScorer:
         )
 
 
+def _first_fitting(indices: Sequence[int], ref: SourceReference, max_positions: int) -> list[int]:
+    kept: list[int] = []
+    total = 0
+    for index in indices:
+        total += len(ref.sequences.ids[index]) - 1
+        if kept and total > max_positions:
+            break
+        kept.append(index)
+    return kept
+
+
 def score_gguf(
     path: Path,
     ref: SourceReference,
@@ -136,15 +147,19 @@ def score_gguf(
     *,
     n_threads: int = 2,
     n_gpu_layers: int = 0,
+    max_positions: int | None = None,
 ) -> ReferenceAgreement:
     """Run a candidate GGUF in llama.cpp on the reference's own token ids and score it.
 
     The candidate is not re-tokenized: it must share the source's vocabulary (IntegrityError
-    when its vocabulary size differs).
+    when its vocabulary size differs). ``max_positions``: only the first selected sequences that
+    fit in that many scored positions (always at least one).
     """
     from pipeline.calibration.llama_session import LlamaSession
 
     scorer = ReferenceScorer(ref, names)
+    if max_positions is not None:
+        scorer.indices = _first_fitting(scorer.indices, ref, max_positions)
     n_ctx = max(len(ref.sequences.ids[i]) for i in scorer.indices)
     with LlamaSession(path, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers) as session:
         if session.n_vocab != ref.n_vocab:

@@ -73,7 +73,13 @@ _OPTIONS: tuple[Option, ...] = (
     Option("fallback_type", "decompose", "str", "F16", "type of a 2-D tensor that cannot be ternary",
            FALLBACK_TYPES),
     Option("target_bpw", "decompose", "float", None, "auto only: bits per weight the 2-D weights may take "
-           "(default 4.0); the types that lose least within it are chosen", low=1.5, high=8.5),
+           "(default 4.0; with min_top1 / max_kl: the most they may take); the types that lose least "
+           "within it are chosen", low=1.5, high=8.5),
+    Option("min_top1", "decompose", "float", None, "auto only: the smallest file whose top-1 agreement with "
+           "the source (on the calibration text; validate confirms on its own) is at least this", low=0,
+           high=1),
+    Option("max_kl", "decompose", "float", None, "auto only: the smallest file whose mean KL from the source "
+           "(nats) is at most this; validate confirms", low=0),
     Option("device", "decompose", "str", "auto", "where the fit runs: auto, cpu, cuda or cuda:N",
            check=_device),
     Option("shards", "decompose", "list", None, "only these safetensors shards (names; default: all)"),

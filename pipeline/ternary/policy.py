@@ -71,6 +71,13 @@ class Recipe:
     output_type: str = "F16"
     fallback_type: str = "F16"
     target_bpw: float = 0.0
+    min_top1: float = 0.0
+    max_kl: float = 0.0
+
+    @property
+    def has_quality_target(self) -> bool:
+        """Whether the smallest file meeting ``min_top1`` / ``max_kl`` is sought (decompose search)."""
+        return self.min_top1 > 0.0 or self.max_kl > 0.0
 
 
 @dataclass(frozen=True)
@@ -144,6 +151,8 @@ def get_recipe(name: str, options: Mapping[str, Any] | None = None) -> Recipe:
                                  f"{high} "
                                  "(bits per weight over the 2-D weights)")
             value = float(value)
+        elif key in ("min_top1", "max_kl"):
+            value = _quality_target(name, key, value)
         elif key == "method" and name == AUTO and value != "optimal":
             raise InputError(f"recipe option method={value!r} for recipe auto; its rungs are fitted with the "
                              "exact optimum (method=optimal): remove the option")
@@ -155,11 +164,27 @@ def get_recipe(name: str, options: Mapping[str, Any] | None = None) -> Recipe:
         elif value not in _ALLOWED[key]:
             raise InputError(f"recipe option {key}={value!r}; expected one of {', '.join(_ALLOWED[key])}")
         changes[key] = value
+    if name == AUTO and ("min_top1" in changes or "max_kl" in changes) and "target_bpw" not in changes:
+        changes["target_bpw"] = _TARGET_BPW_RANGE[1]  # a quality target: any size it takes, up to all Q8_0
     result = replace(recipe, **changes)
     if result.method == GPTQ and result.irls_iters:
         raise InputError(f"recipe option irls_iters={result.irls_iters} does not combine with method=gptq, "
                          "which fits against the layer's inputs instead; leave irls_iters at 0")
     return result
+
+
+def _quality_target(recipe: str, key: str, value: Any) -> float:
+    """``min_top1`` (0 < x <= 1) or ``max_kl`` (nats, > 0), for the auto recipe only."""
+    if recipe != AUTO:
+        raise InputError(f"recipe option {key}={value!r} applies to recipe auto only, not {recipe!r}; "
+                         "remove it or use --recipe auto")
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    if key == "min_top1" and not (is_number and 0.0 < value <= 1.0):
+        raise InputError(f"recipe option min_top1={value!r}; expected a fraction above 0 and at most 1 "
+                         "(top-1 agreement with the source, e.g. 0.6)")
+    if key == "max_kl" and not (is_number and value > 0.0):
+        raise InputError(f"recipe option max_kl={value!r}; expected a number of nats above 0 (e.g. 0.5)")
+    return float(value)
 
 
 def _plain(name: str, shape: tuple[int, ...], ggml_type: str, why: str, recipe: Recipe) -> TensorDecision:

@@ -146,7 +146,8 @@ def test_target_picks_the_recipe_and_warns_in_the_job(workspace: Path) -> None:
     assert "scalar" in warning and "'tq2_0'" in warning
     assert (workspace / "tiny-llama-Q2_0.gguf").exists()
     help_text = _bonsai("convert", "--help").output
-    for name in ("tq2_0", "tq1_0", "q2_0", "q1_0", "embed_type", "agreement_fail_kl", "target", "levels", "auto", "target_bpw"):
+    for name in ("tq2_0", "tq1_0", "q2_0", "q1_0", "embed_type", "agreement_fail_kl", "target", "levels",
+                 "auto", "target_bpw", "min_top1", "max_kl"):
         assert name in help_text
     listed = json.loads(_bonsai("recipes", "--json").output)
     assert {row["name"] for row in listed["recipes"]} == {"tq2_0", "tq1_0", "q2_0", "q1_0", "auto"}

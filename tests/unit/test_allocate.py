@@ -69,3 +69,19 @@ def test_auto_recipe_options() -> None:
         get_recipe("auto", {"target_bpw": 20})
     with pytest.raises(InputError, match="method=optimal"):
         get_recipe("auto", {"method": "gptq"})
+
+
+def test_quality_target_options() -> None:
+    searched = get_recipe("auto", {"min_top1": 0.6})
+    assert searched.has_quality_target and searched.min_top1 == 0.6
+    assert searched.target_bpw == 8.5, "with a quality target and no size, any size up to all Q8_0"
+    assert get_recipe("auto", {"max_kl": 0.5, "target_bpw": 5}).target_bpw == 5.0  # a cap the user set
+    assert not get_recipe("auto", {"target_bpw": 5}).has_quality_target
+    with pytest.raises(InputError, match="applies to recipe auto only"):
+        get_recipe("q2_0", {"min_top1": 0.6})
+    with pytest.raises(InputError, match="above 0 and at most 1"):
+        get_recipe("auto", {"min_top1": 60})
+    with pytest.raises(InputError, match="nats above 0"):
+        get_recipe("auto", {"max_kl": 0})
+    with pytest.raises(InputError, match="nats above 0"):
+        get_recipe("auto", {"max_kl": True})

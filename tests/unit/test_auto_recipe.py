@@ -41,10 +41,12 @@ def float_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def _convert(home: Path, source: Path, target_bpw: float) -> dict[str, Any]:
+def _convert(home: Path, source: Path, target_bpw: float | None, **options: Any) -> dict[str, Any]:
     rt = build_runtime(Settings(home=home))
+    if target_bpw is not None:
+        options["target_bpw"] = target_bpw
     with session_scope(rt.sessions) as session:
-        job_id = repo.create_job(session, str(source), "auto", {"target_bpw": target_bpw}).id
+        job_id = repo.create_job(session, str(source), "auto", options).id
     run_job(rt, job_id)  # validate may fail on an untrained model; the files are what is checked
     with session_scope(rt.sessions) as session:
         runs = repo.latest_runs(session, job_id, with_links=True)
@@ -56,6 +58,7 @@ def _convert(home: Path, source: Path, target_bpw: float) -> dict[str, Any]:
         }
         assert runs["package"].status == "succeeded", runs["decompose"].error_message
         assert session.get_one(repo.Job, job_id).status in (JobState.SUCCEEDED.value, JobState.FAILED.value)
+        validation = dict(runs["validate"].metrics or {}) if "validate" in runs else None
     gguf = next(
         path
         for (stage, _name), path in outs.items()
@@ -63,7 +66,8 @@ def _convert(home: Path, source: Path, target_bpw: float) -> dict[str, Any]:
     )
     report = json.loads(outs[(next(s for s, _ in outs if s.value == "decompose"), "report.json")].read_text())
     imatrix = next(path for (stage, name), path in outs.items() if name == "imatrix.gguf")
-    return {"gguf": gguf, "report": report, "imatrix": imatrix}
+    return {"gguf": gguf, "report": report, "imatrix": imatrix, "validation": validation,
+            "outputs": {name for _stage, name in outs}}
 
 
 def test_budget_holds_and_buys_less_error(float_checkpoint: Path, tmp_path: Path) -> None:
@@ -105,3 +109,21 @@ def test_quantized_tensors_are_llama_cpps_own_bytes(float_checkpoint: Path, tmp_
         ), tensor.name
         checked += 1
     assert checked, "the 4 bpw allocation puts some MLP weight on a llama.cpp quant"
+
+
+def test_quality_target_keeps_the_smallest_file_that_meets_it(float_checkpoint: Path, tmp_path: Path) -> None:
+    result = _convert(tmp_path / "q", float_checkpoint, None, min_top1=0.9)
+    searched = result["report"]["allocation"]["search"]
+    trials, chosen = searched["trials"], searched["trials"][searched["chosen"]]
+    assert searched["met"] and chosen["meets"] and chosen["top1"] >= 0.9
+    assert len(trials) >= 2 and searched["positions"] > 0
+    # The largest budget is tried first; the choice is the smallest file that met the target.
+    assert trials[0]["target_bpw"] == max(t["target_bpw"] for t in trials)
+    assert chosen["file_bytes"] == min(t["file_bytes"] for t in trials if t["meets"])
+    assert any(not t["meets"] for t in trials), "the all-cheapest file of a Gaussian model misses 90 %"
+    assert result["report"]["allocation"]["spent_bpw"] == chosen["spent_bpw"]
+    assert "candidates.png" in result["outputs"]
+    # Validate confirms the target on its own text (pass or fail, the check is there with the figures).
+    confirmed = result["validation"]["details"]["quality_target"]
+    assert confirmed["min_top1"] == 0.9 and confirmed["search_top1"] == chosen["top1"]
+    assert confirmed["verdict"] == ("pass" if confirmed["top1_agreement"] >= 0.9 else "fail")

@@ -3,9 +3,10 @@
 Streams the source once (one tensor in memory at a time), fits or quantizes each candidate
 tensor on each rung (`ternary.allocate.ladder`) and measures the importance-weighted error of
 the bytes it would write; `ternary.allocate.allocate` then picks the types within
-``target_bpw``. The second pass (the ordinary decompose) writes the chosen types. Every shard
-of the card is measured, even when this run decomposes only some of them, so fanned-out shard
-runs make the same choice.
+``target_bpw`` (or, with ``min_top1`` / ``max_kl``, `search` finds the smallest budget whose
+file meets them, reusing the bytes kept here in a `RungBytes` scratch file). The second pass
+(the ordinary decompose) writes the chosen types. Every shard of the card is measured, even
+when this run decomposes only some of them, so fanned-out shard runs make the same choice.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pipeline.ternary.decompose import decompose_packed
 from pipeline.ternary.pack import decode_bytes, encode_plain, tensor_nbytes
 from pipeline.ternary.policy import LINEAR_KINDS, Recipe, TensorDecision, decide
 
-__all__ = ["Allocation", "auto_decisions"]
+__all__ = ["Allocation", "Candidates", "RungBytes", "measure", "choose", "budget_of", "label_of"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,53 @@ class Allocation:
 
     decisions: dict[str, TensorDecision]
     summary: dict[str, Any]
+
+
+@dataclass
+class Candidates:
+    """Every candidate tensor's rungs (cheapest first) and parameter count, as measured."""
+
+    rungs: dict[str, list[Rung]]
+    n_params: dict[str, int]
+
+    @property
+    def total_params(self) -> int:
+        return sum(self.n_params.values())
+
+    def bytes_range(self) -> tuple[int, int]:
+        """The smallest and the largest file the ladders allow (every tensor cheapest / dearest)."""
+        return (sum(min(r.n_bytes for r in rungs) for rungs in self.rungs.values()),
+                sum(max(r.n_bytes for r in rungs) for rungs in self.rungs.values()))
+
+
+class RungBytes:
+    """Each rung's bytes, appended to one scratch file as measured, so a candidate file can be
+    assembled again without refitting; memory holds one tensor's bytes at a time."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._where: dict[tuple[str, str], tuple[int, int]] = {}
+        self._handle = open(path, "w+b")  # noqa: SIM115 - closed by close()
+
+    def put(self, name: str, label: str, raw: np.ndarray) -> None:
+        offset = self._handle.seek(0, 2)
+        self._handle.write(np.ascontiguousarray(raw).data)
+        self._where[(name, label)] = (offset, int(raw.size))
+
+    def get(self, name: str, label: str) -> np.ndarray | None:
+        """The bytes kept for ``name`` on rung ``label``, or None when none were."""
+        where = self._where.get((name, label))
+        if where is None:
+            return None
+        self._handle.flush()
+        raw = np.empty(where[1], np.uint8)
+        self._handle.seek(where[0])
+        self._handle.readinto(raw.data)
+        return raw
+
+    def close(self) -> None:
+        self._handle.close()
+        self.path.unlink(missing_ok=True)
 
 
 def _is_candidate(name: str, shape: tuple[int, ...]) -> bool:
@@ -56,7 +104,8 @@ def _cost(weight: torch.Tensor, raw: np.ndarray, ggml_type: str, importance: tor
 
 
 def _rungs(
-    name: str, weight: torch.Tensor, device: torch.device, calibration: CalibrationInputs | None
+    name: str, weight: torch.Tensor, device: torch.device, calibration: CalibrationInputs | None,
+    keep: RungBytes | None,
 ) -> list[Rung]:
     shape = tuple(int(d) for d in weight.shape)
     importance = calibration.importance(name, shape[1]) if calibration else None
@@ -71,47 +120,63 @@ def _rungs(
             raw = encode_plain(
                 weight.to(torch.float32), ggml_type, importance.numpy() if importance is not None else None
             )
-        rungs.append(
-            Rung(
-                ggml_type, levels, tensor_nbytes(ggml_type, shape), _cost(weight, raw, ggml_type, importance)
-            )
-        )
+        rung = Rung(ggml_type, levels, tensor_nbytes(ggml_type, shape),
+                    _cost(weight, raw, ggml_type, importance))
+        if keep is not None:
+            keep.put(name, rung.label, raw)
+        rungs.append(rung)
     return rungs
 
 
-def auto_decisions(
+def measure(
     source: Any,
     card: ModelCard,
     files: Mapping[str, Path],
     plan: list[Any],
-    recipe: Recipe,
     device: torch.device,
     calibration: CalibrationInputs | None,
     stream_options: Mapping[str, Any],
-) -> Allocation:
-    """Decisions for every planned tensor under the auto recipe, and the allocation's summary."""
-    decisions = {p.gguf_name: decide(p.gguf_name, p.shape, recipe) for p in plan}
-    candidates: dict[str, list[Rung]] = {}
+    keep: tuple[RungBytes, Recipe] | None = None,
+) -> Candidates:
+    """Every candidate tensor of every shard on every rung of its ladder. With ``keep``, every
+    rung's bytes go to its `RungBytes`, and so do every other tensor's bytes under the recipe."""
+    from pipeline.stages.decompose.shard import encode_tensor
+
+    rungs: dict[str, list[Rung]] = {}
+    kept = keep[0] if keep else None
     for shard in card.shards:
         for name, weight in source.iter_tensors(card, files, shard, **stream_options):
             shape = tuple(int(d) for d in weight.shape)
             if _is_candidate(name, shape) and ladder(shape[1], name not in _HEADS):
-                candidates[name] = _rungs(name, weight, device, calibration)
+                rungs[name] = _rungs(name, weight, device, calibration, kept)
                 log.debug(
                     "stage decompose: auto measured %s: %s",
                     name,
-                    ", ".join(f"{r.label} {r.cost:.4g}" for r in candidates[name]),
+                    ", ".join(f"{r.label} {r.cost:.4g}" for r in rungs[name]),
                 )
+            elif keep is not None:
+                decision = decide(name, shape, keep[1])
+                keep[0].put(name, label_of(decision), encode_tensor(name, weight, decision, keep[1], device,
+                                                                   calibration))
             del weight
-    params = {name: int(np.prod(p.shape)) for p in plan for name in [p.gguf_name] if name in candidates}
-    n_params = sum(params.values())
-    budget = int(recipe.target_bpw * n_params / 8)
-    chosen = allocate(candidates, budget)
-    spent = sum(candidates[name][i].n_bytes for name, i in chosen.items())
-    weighted = bool(calibration and calibration.imatrix)
+    n_params = {p.gguf_name: int(np.prod(p.shape)) for p in plan if p.gguf_name in rungs}
+    return Candidates(rungs, n_params)
+
+
+def choose(
+    candidates: Candidates, plan: list[Any], recipe: Recipe, bpw: float, weighted: bool
+) -> Allocation:
+    """Decisions for every planned tensor with the candidates' types picked within ``bpw`` bits per
+    weight over them."""
+    budget = budget_of(candidates, bpw)
+    decisions = {p.gguf_name: decide(p.gguf_name, p.shape, recipe) for p in plan}
+    rungs, params = candidates.rungs, candidates.n_params
+    n_params = candidates.total_params
+    chosen = allocate(rungs, budget)
+    spent = sum(rungs[name][i].n_bytes for name, i in chosen.items())
     for name, index in chosen.items():
-        rung = candidates[name][index]
-        costs = ", ".join(f"{r.label} {r.cost:.3g}" for r in candidates[name])
+        rung = rungs[name][index]
+        costs = ", ".join(f"{r.label} {r.cost:.3g}" for r in rungs[name])
         decisions[name] = TensorDecision(
             rung.ggml_type,
             rung.ggml_type == "Q2_0",
@@ -120,7 +185,7 @@ def auto_decisions(
             levels=rung.levels,
         )
     summary = {
-        "target_bpw": recipe.target_bpw,
+        "target_bpw": round(bpw, 4),
         "budget_bytes": budget,
         "spent_bytes": spent,
         "spent_bpw": round(spent * 8 / n_params, 4) if n_params else 0.0,
@@ -128,10 +193,20 @@ def auto_decisions(
         "weighted": weighted,
         "candidates": {
             name: {
-                "chosen": candidates[name][i].label,
-                "rungs": [{"type": r.label, "n_bytes": r.n_bytes, "cost": r.cost} for r in candidates[name]],
+                "chosen": rungs[name][i].label,
+                "rungs": [{"type": r.label, "n_bytes": r.n_bytes, "cost": r.cost} for r in rungs[name]],
             }
             for name, i in chosen.items()
         },
     }
     return Allocation(decisions, summary)
+
+
+def label_of(decision: TensorDecision) -> str:
+    """The `Rung.label` a decision stands for (its type, with Q2_0's levels)."""
+    return f"{decision.ggml_type}/{decision.levels}" if decision.levels else decision.ggml_type
+
+
+def budget_of(candidates: Candidates, bpw: float) -> int:
+    """Bytes that ``bpw`` bits per weight buy over the candidate tensors."""
+    return int(bpw * candidates.total_params / 8)

@@ -3,8 +3,9 @@
 ``importance=imatrix``: ``calibrate/imatrix.gguf`` (llama.cpp's imatrix format); each ternary
 tensor's fit weights its columns by the mean x² of their inputs (the importance-weighted exact
 optimum). ``method=gptq``: ``calibrate/gram/blk.<i>.safetensors``; each ternary tensor is fitted
-against its input Gram matrix XᵀX (`ternary.decompose_gptq`). Nothing else of calibrate's outputs
-(the source reference) is read, so `select_inputs` keeps it out of decompose's cache key.
+against its input Gram matrix XᵀX (`ternary.decompose_gptq`). The source reference is read only
+by the auto recipe with ``min_top1`` / ``max_kl`` (its trials are scored against it); otherwise
+`select_inputs` keeps it out of decompose's cache key.
 """
 
 from __future__ import annotations
@@ -23,17 +24,22 @@ if TYPE_CHECKING:
     from pipeline.calibration.gram import GramFile
     from pipeline.calibration.imatrix import Imatrix
 
-__all__ = ["IMATRIX_INPUT", "GRAM_INPUT_PREFIX", "CalibrationInputs", "wanted_input", "load_calibration"]
+__all__ = ["IMATRIX_INPUT", "GRAM_INPUT_PREFIX", "REFERENCE_INPUT", "CalibrationInputs", "wanted_input",
+           "load_calibration", "load_reference"]
 
 IMATRIX_INPUT = "calibrate/imatrix.gguf"
 GRAM_INPUT_PREFIX = "calibrate/gram/"
+REFERENCE_INPUT = "calibrate/reference.npz"
 _FIX = "retry the job from calibrate (`bonsai retry JOB --from calibrate`)"
 
 
-def wanted_input(key: str, importance: str, method: str) -> bool:
-    """Whether decompose reads upstream output ``key`` under these options."""
+def wanted_input(key: str, importance: str, method: str, reference: bool = False) -> bool:
+    """Whether decompose reads upstream output ``key`` under these options (``reference``: a quality
+    target is searched for)."""
     if not key.startswith("calibrate/"):
         return True
+    if key == REFERENCE_INPUT:
+        return reference
     if key == IMATRIX_INPUT:
         return importance == "imatrix"
     return key.startswith(GRAM_INPUT_PREFIX) and method == "gptq"
@@ -99,3 +105,13 @@ def load_calibration(
     if method == "gptq" and not grams:
         raise InputError(f"method=gptq needs calibrate's Gram matrices ({GRAM_INPUT_PREFIX}*); {_FIX}")
     return CalibrationInputs(matrix, grams)
+
+
+def load_reference(inputs: Mapping[str, InputFile]) -> Any:
+    """Calibrate's source reference (`calibration.reference.SourceReference`), checked present."""
+    from pipeline.calibration.reference import read_reference
+
+    item = inputs.get(REFERENCE_INPUT)
+    if item is None:
+        raise InputError(f"min_top1 / max_kl need {REFERENCE_INPUT}; inputs were {sorted(inputs)}; {_FIX}")
+    return read_reference(item.path)

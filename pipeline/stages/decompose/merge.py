@@ -78,6 +78,8 @@ def merge_part_reports(part_reports: Sequence[Path], shards: Sequence[str], work
         "source_types": first.get("source_types"),
         "fanout": len(reports),
     }
+    if first.get("allocation") is not None:
+        header["allocation"] = first["allocation"]  # every shard's run made the same choice
     outputs, metrics, warnings = finish_report(rows, header, workdir)
     metrics["fanout"] = len(reports)
     return StageResult(outputs=tuple(outputs), metrics=metrics, warnings=warnings)

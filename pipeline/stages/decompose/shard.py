@@ -8,7 +8,7 @@ model. The written part is reopened and checked before it counts.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -31,7 +31,8 @@ from pipeline.ternary.packed import PackedMatrix
 from pipeline.ternary.policy import GPTQ, Recipe, TensorDecision
 from pipeline.ternary.report import TensorReport
 
-__all__ = ["PART_TYPES", "read_part_index", "decompose_shard", "stream_options"]
+__all__ = ["PART_TYPES", "Fetch", "read_part_index", "decompose_shard", "write_kept_part", "encode_tensor",
+           "stream_options"]
 
 _VERIFY_TOLERANCE = 1e-3  # relative slack between torch's error and numpy's dequantized error
 
@@ -164,6 +165,31 @@ def _verify_part(path: Path, planned: PartIndex, probe: _Probe) -> None:
             f"{path.name}: {probe.name} read back with relative error {rel:.6g}, "
             f"but decomposition reported {probe.rel_error:.6g}"
         )
+
+
+Fetch = Callable[[str, TensorDecision], "npt.NDArray[np.uint8]"]
+
+
+def write_kept_part(final: Path, planned: list[Any], decisions: Mapping[str, TensorDecision],
+                    fetch: Fetch) -> None:
+    """A part file of bytes made earlier (the auto search's kept rungs): ``fetch(name, decision)``
+    gives each planned tensor's bytes in its decided type. Checked like a streamed part."""
+    index = _plan_index(planned, decisions)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(final) as partial, open(partial, "wb") as handle:
+        handle.write(index.header_bytes())
+        for entry in index.entries:
+            _write_tensor(handle, entry.gguf_name, fetch(entry.gguf_name, decisions[entry.gguf_name]),
+                          entry.n_bytes)
+    _verify_part(final, index, _Probe())
+
+
+def encode_tensor(
+    name: str, weight: torch.Tensor, decision: TensorDecision, recipe: Recipe, device: torch.device,
+    calibration: CalibrationInputs | None = None,
+) -> npt.NDArray[np.uint8]:
+    """The bytes decompose writes for ``weight`` under ``decision``."""
+    return _encode(name, weight, decision, recipe, device, None, calibration)[0]
 
 
 def decompose_shard(

@@ -82,7 +82,7 @@ def make_params(job: JobSpec) -> Params:
 def select_inputs(params: Params, inputs: Mapping[str, InputFile]) -> dict[str, InputFile]:
     """Upstream outputs this recipe reads: calibrate's files only when importance or gptq asks."""
     return {key: item for key, item in inputs.items()
-            if wanted_input(key, params.importance, params.recipe.method)}
+            if wanted_input(key, params.importance, params.recipe.method, params.recipe.has_quality_target)}
 
 
 def part_name(shard_index: int) -> str:
@@ -147,6 +147,48 @@ def _fit_backend(recipe: Recipe, device: torch.device) -> str:
     return f"torch ({device.type}, {torch.get_num_threads()} threads)"
 
 
+def _auto(
+    card: ModelCard, files: Mapping[str, Path], plan: list[Any], recipe: Recipe, device: torch.device,
+    calibration: Any, inputs: Mapping[str, InputFile], workdir: Path,
+) -> Any:
+    """The auto recipe's allocation: within target_bpw, or the smallest file meeting its quality target."""
+    from pipeline.stages.decompose.auto import RungBytes, choose, measure
+    from pipeline.stages.decompose.calibration import load_reference
+    from pipeline.stages.decompose.shard import stream_options
+
+    source = _source_module(card)
+    weighted = bool(calibration and calibration.imatrix)
+    if not recipe.has_quality_target:
+        candidates = measure(source, card, files, plan, device, calibration, stream_options(source))
+        return choose(candidates, plan, recipe, recipe.target_bpw, weighted)
+    from pipeline.stages.decompose.search import SearchInputs, check_reference, search
+
+    reference = load_reference(inputs)
+    check_reference(reference)
+    kept = RungBytes(workdir / ".rungs.bin")
+    try:
+        candidates = measure(source, card, files, plan, device, calibration, stream_options(source),
+                             (kept, recipe))
+        return search(SearchInputs(card, plan, recipe, candidates, kept, inputs, reference, workdir),
+                      weighted)
+    finally:
+        kept.close()
+
+
+def _target_text(recipe: Recipe) -> str:
+    parts = [f"min_top1={recipe.min_top1:g}"] if recipe.min_top1 else []
+    return " and ".join(parts + ([f"max_kl={recipe.max_kl:g}"] if recipe.max_kl else []))
+
+
+def _search_plot(searched: Mapping[str, Any], workdir: Path) -> OutputFile:
+    from pipeline.core.files import atomic_path
+    from pipeline.stages.decompose.search_plot import PLOT_NAME, render_search_plot
+
+    with atomic_path(workdir / PLOT_NAME) as tmp:
+        tmp.write_bytes(render_search_plot(searched))
+    return OutputFile(PLOT_NAME, workdir / PLOT_NAME, "plot", "image/png")
+
+
 def _peak_rss_bytes() -> int:
     # ru_maxrss is KiB on Linux: the high-water mark of this whole process, not just this stage.
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
@@ -179,16 +221,11 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
     decisions = {p.gguf_name: decide(p.gguf_name, p.shape, recipe) for p in plan}
     allocation: dict[str, Any] | None = None
     if recipe.name == AUTO:
-        from pipeline.stages.decompose.auto import auto_decisions
-        from pipeline.stages.decompose.shard import stream_options
-
-        source = _source_module(card)
-        chosen = auto_decisions(source, card, files, plan, recipe, device, calibration,
-                                stream_options(source))
+        chosen = _auto(card, files, plan, recipe, device, calibration, inputs, workdir)
         decisions, allocation = chosen.decisions, chosen.summary
         log.info("stage decompose: auto spends %.3f bpw of target %.3f over %d tensors",
                  allocation["spent_bpw"],
-                 recipe.target_bpw, len(allocation["candidates"]))
+                 allocation["target_bpw"], len(allocation["candidates"]))
     needed = sum(_planned_bytes(p.shape, decisions[p.gguf_name].ggml_type)
                  for p in plan if p.shard in selected)
     require_free_space(workdir, needed, f"the decomposed parts of {len(selected)} shard(s)")
@@ -216,7 +253,18 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
     report_outputs, metrics, warnings = finish_report(rows, header, workdir)
     if allocation is not None:
         metrics["auto_bpw"] = allocation["spent_bpw"]
-        if not allocation["reachable"]:
+        searched = allocation.get("search")
+        if searched is not None:
+            report_outputs.append(_search_plot(searched, workdir))
+            best = searched["trials"][searched["chosen"]]
+            metrics.update(auto_trials=len(searched["trials"]), auto_top1=best["top1"],
+                           auto_kl=best["mean_kl"])
+            if not searched["met"]:
+                warnings = (*warnings, f"no file within target_bpw={recipe.target_bpw} meets "
+                            f"{_target_text(recipe)} on the calibration text (the largest tried: top-1 "
+                            f"{best['top1']:.1%}, KL {best['mean_kl']:.3f}); it is kept for validate to "
+                            "judge: loosen the target or raise target_bpw")
+        elif not allocation["reachable"]:
             warnings = (*warnings, f"target_bpw={recipe.target_bpw} is below the smallest file the ladders "
                         f"allow ({allocation['spent_bpw']} bpw): every tensor is at its cheapest type; "
                         "raise target_bpw")

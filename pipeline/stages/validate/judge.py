@@ -318,3 +318,30 @@ def agreement_check(
             numbers,
         )
     return Check("agreement", "pass", detail, numbers)
+
+
+def quality_target_check(agreement: Check, report: Mapping[str, Any] | None) -> Check | None:
+    """The auto recipe's ``min_top1`` / ``max_kl``, confirmed on the agreement text (which its search,
+    scoring on the calibration text, never saw); None when the job set no quality target."""
+    searched = ((report or {}).get("allocation") or {}).get("search")
+    if not isinstance(searched, Mapping):
+        return None
+    min_top1, max_kl = searched.get("min_top1"), searched.get("max_kl")
+    wanted = " and ".join(([f"top-1 >= {min_top1:.0%}"] if min_top1 is not None else [])
+                          + ([f"KL <= {max_kl:g}"] if max_kl is not None else []))
+    numbers = agreement.numbers or {}
+    top1, kl = numbers.get("top1_agreement"), numbers.get("mean_kl")
+    if top1 is None or kl is None:
+        return Check("quality_target", "fail", f"the job asks for {wanted}, but agreement with the source "
+                     f"was not measured: {agreement.reason}")
+    chosen = searched["trials"][searched["chosen"]]
+    met = (min_top1 is None or top1 >= min_top1) and (max_kl is None or kl <= max_kl)
+    detail = (f"asked {wanted}: top-1 {top1:.1%}, mean KL {kl:.3f} on the agreement text (the search "
+              f"measured {chosen['top1']:.1%} and {chosen['mean_kl']:.3f} on the calibration text, "
+              f"{len(searched['trials'])} files tried)")
+    figures = {"min_top1": min_top1, "max_kl": max_kl, "top1_agreement": top1, "mean_kl": kl,
+               "search_top1": chosen["top1"], "search_kl": chosen["mean_kl"]}
+    if met:
+        return Check("quality_target", "pass", detail, figures)
+    return Check("quality_target", "fail", f"{detail}; not met: loosen the target, raise target_bpw, or give "
+                 "a calibration text (--calibration FILE) closer to what the model will read", figures)

@@ -47,6 +47,7 @@ from pipeline.stages.validate.judge import (
     agreement_check,
     answer_check,
     first_answer,
+    quality_target_check,
     repetition_check,
     repetition_of,
     source_answer_check,
@@ -157,8 +158,9 @@ def _checks(
                 )
             )
         checks += [c for c in [source_answer_check(source, params)] if c is not None]
-        checks += [repetition_check(candidate, source),
-                   agreement_check(candidate, source, why, params, reference)]
+        agreement = agreement_check(candidate, source, why, params, reference)
+        checks += [repetition_check(candidate, source), agreement]
+        checks += [c for c in [quality_target_check(agreement, decompose_report)] if c is not None]
     finally:
         _drop_logits(candidate)
     ternary_type = file_checks.recipe_ternary_type(params.recipe, decompose_report)
