@@ -283,3 +283,21 @@ def test_submit_token_submits_retries_and_cancels(
     )
     screenshot(browser, tmp_path, "web-submit-retry-cancel")
     assert_no_policy_violations(browser)
+
+
+def test_the_page_shows_the_auto_search(server: Server, browser: Any, demo_checkpoint: Path) -> None:
+    # A quality target: decompose tries files, and the page lists them with the chosen one marked.
+    convert = server.bonsai("convert", str(demo_checkpoint), "--recipe", "auto", "--option", "min_top1=0.5")
+    assert "decompose  ok" in convert.stdout, convert.stdout + convert.stderr
+    browser.get(f"{server.base}/#token={READ_TOKEN}&job=1")
+    rows = wait(browser, lambda d: css(d, "#sparsity table.search-trials tr") or None, "the search's trials")
+    trials = rows[1:]  # below the header row
+    assert len(trials) >= 2, "the largest budget and the smallest at least"
+    chosen = [row for row in trials if "chosen" in (row.get_attribute("class") or "")]
+    assert len(chosen) == 1 and "yes" in chosen[0].text
+    assert "top-1 ≥ 0.5" in text_of(browser, "#sparsity .search h3")
+    width = wait(browser, lambda d: d.execute_script(
+        "const i = document.querySelector('#sparsity img[alt^=\"size against\"]');"
+        "return i && i.complete ? i.naturalWidth : 0;") or None, "candidates.png")
+    assert width == 760
+    assert_no_policy_violations(browser)

@@ -7,7 +7,7 @@ from typing import Any
 
 from PIL import Image
 
-from pipeline.stages.decompose.search import meets
+from pipeline.stages.decompose.search import meets, top1_margin
 from pipeline.stages.decompose.search_plot import render_search_plot
 from pipeline.stages.validate.judge import Check, quality_target_check
 from pipeline.ternary.policy import get_recipe
@@ -30,6 +30,12 @@ def test_meets_needs_every_target_given() -> None:
     both = get_recipe("auto", {"min_top1": 0.6, "max_kl": 0.5})
     assert meets(both, 0.7, 0.4) and not meets(both, 0.7, 0.6) and not meets(both, 0.5, 0.1)
     assert meets(get_recipe("auto", {"max_kl": 0.5}), 0.0, 0.5)
+    # The search's margin: 60.7 % over 1,022 positions is within noise of 60 %, 64 % is not.
+    margin = top1_margin(0.6, 1022)
+    assert 0.025 < margin < 0.035
+    only_top1 = get_recipe("auto", {"min_top1": 0.6})
+    assert meets(only_top1, 0.607, 9.9) and not meets(only_top1, 0.607, 9.9, margin)
+    assert meets(only_top1, 0.64, 9.9, margin)
 
 
 def test_validate_confirms_the_target_on_its_own_text() -> None:

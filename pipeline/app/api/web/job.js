@@ -245,6 +245,16 @@ async function renderSparsity(runs) {
   if (report) {
     const data = await api(`/api/artifacts/${report.sha256}/download`);
     parts.push(sparsityChart(data.layers || {}, data.totals || {}));
+    const search = (data.allocation || {}).search;
+    if (search) parts.push(searchTable(search));
+  }
+  const candidates = outputs.find((o) => o.name === "candidates.png");
+  if (candidates) {
+    const blob = await api(`/api/artifacts/${candidates.sha256}/download`, { blob: true });
+    const url = URL.createObjectURL(blob);
+    state.blobs.push(url);
+    parts.push(el("img", { src: url, alt: "size against agreement of the files the auto search tried",
+      class: "plot" }));
   }
   if (png) {
     const blob = await api(`/api/artifacts/${png.sha256}/download`, { blob: true });
@@ -254,6 +264,23 @@ async function renderSparsity(runs) {
       el("img", { src: url, alt: "per-layer sparsity plot", class: "plot" })));
   }
   box.replaceChildren(...parts);
+}
+
+// The auto recipe's quality search: every file tried, the chosen one marked.
+function searchTable(search) {
+  const target = [["min_top1", "top-1 ≥"], ["max_kl", "KL ≤"]]
+    .filter(([key]) => search[key] != null).map(([key, text]) => `${text} ${search[key]}`).join(", ");
+  const head = el("tr", {}, ...["file MB", "bpw", "top-1", "mean KL", "meets", ""].map(
+    (text) => el("th", { text })));
+  const rows = search.trials.map((t, i) => el("tr", { class: i === search.chosen ? "chosen" : "" },
+    el("td", { text: (t.file_bytes / 1e6).toFixed(1) }), el("td", { text: t.spent_bpw.toFixed(2) }),
+    el("td", { text: `${(100 * t.top1).toFixed(1)} %` }), el("td", { text: t.mean_kl.toFixed(3) }),
+    el("td", { text: t.meets ? "yes" : "no" }), el("td", { text: i === search.chosen ? "chosen" : "" })));
+  return el("div", { class: "search" },
+    el("h3", { text: `Auto search (${target}; ${search.positions} positions of the ${search.scored_on} text)` }),
+    el("table", { class: "search-trials" }, head, ...rows),
+    search.met ? el("p", { class: "muted", text: "Validate confirms the target on its own text." })
+      : el("p", { class: "warn", text: "No file tried met the target; the largest is kept." }));
 }
 
 function renderArtifacts(runs) {
