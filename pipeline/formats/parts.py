@@ -24,12 +24,17 @@ from typing import Any
 from pipeline.core.errors import IntegrityError
 from pipeline.formats.safetensors import read_header
 
-__all__ = ["PART_FORMAT", "FORMAT_KEY", "TENSORS_KEY", "PartEntry", "PartIndex"]
+__all__ = ["PART_FORMAT", "FORMAT_KEY", "TENSORS_KEY", "PartEntry", "PartIndex", "part_name"]
 
 PART_FORMAT = "ternary-part/1"
 FORMAT_KEY = "bonsai.format"
 TENSORS_KEY = "bonsai.tensors"
 _FIX = "rerun decompose for this job (`bonsai retry JOB --from decompose --force`)"
+
+
+def part_name(shard_index: int) -> str:
+    """Logical output name of decompose's part for 1-based source shard ``shard_index``."""
+    return f"ternary/part-{shard_index:05d}.safetensors"
 
 
 @dataclass(frozen=True)

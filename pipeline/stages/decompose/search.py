@@ -101,8 +101,8 @@ def check_reference(reference: SourceReference) -> None:
 
 def _assemble(ctx: SearchInputs, allocation: Allocation, folder: Path) -> Path:
     """The allocation's GGUF in ``folder``: parts from the kept bytes, then the package code."""
+    from pipeline.formats.parts import part_name
     from pipeline.stages.decompose.shard import write_kept_part
-    from pipeline.stages.decompose.stage import part_name
     from pipeline.stages.package.common import Params as PackageParams
     from pipeline.stages.package.stage import run as package
 

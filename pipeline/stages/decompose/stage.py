@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.core.errors import InputError
 from pipeline.core.files import require_free_space
 from pipeline.formats.model_card import CARD_NAME, ModelCard
-from pipeline.formats.parts import PART_FORMAT
+from pipeline.formats.parts import PART_FORMAT, part_name
 from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult, inputs_of
 from pipeline.stages.decompose.calibration import load_calibration, wanted_input
 from pipeline.stages.decompose.merge import finish_report
@@ -83,11 +83,6 @@ def select_inputs(params: Params, inputs: Mapping[str, InputFile]) -> dict[str, 
     """Upstream outputs this recipe reads: calibrate's files only when importance or gptq asks."""
     return {key: item for key, item in inputs.items()
             if wanted_input(key, params.importance, params.recipe.method, params.recipe.has_quality_target)}
-
-
-def part_name(shard_index: int) -> str:
-    """Logical output name of the part for 1-based source shard ``shard_index``."""
-    return f"ternary/part-{shard_index:05d}.safetensors"
 
 
 def read_part_index(path: Path, label: str | None = None) -> PartIndex:
