@@ -43,7 +43,16 @@ def _reference_type(shape: tuple[int, ...], source_dtype: str) -> gguf.GGMLQuant
     return _QT.BF16 if source_dtype == "BF16" else _QT.F16
 
 
-def _encode(values: np.ndarray[Any, Any], qtype: gguf.GGMLQuantizationType) -> np.ndarray[Any, Any]:
+def _encode(tensor: Any, qtype: gguf.GGMLQuantizationType) -> np.ndarray[Any, Any]:
+    """The tensor's bytes in ``qtype``; a tensor already stored in that 16-bit type is taken as it is
+    (no pass through float32: a BF16 checkpoint's weights are copied, not converted)."""
+    import torch
+
+    if qtype is _QT.BF16 and tensor.dtype == torch.bfloat16:
+        return np.asarray(tensor.contiguous().view(torch.int16).numpy())
+    if qtype is _QT.F16 and tensor.dtype == torch.float16:
+        return np.asarray(tensor.contiguous().numpy())
+    values = tensor.to(torch.float32).numpy()
     if qtype is _QT.F32:
         return np.ascontiguousarray(values, dtype=np.float32)
     if qtype is _QT.F16:
@@ -62,11 +71,12 @@ class _Streams:
         def load() -> Any:
             from pipeline.formats.hf.checkpoint import iter_tensors
 
-            stream = self._open.setdefault(shard, iter_tensors(self._card, self._files, shard))
+            stream = self._open.setdefault(
+                shard, iter_tensors(self._card, self._files, shard, as_stored=True))
             got, tensor = next(stream)
             if got != name:
                 raise IntegrityError(f"source GGUF: expected {name} next from {shard}, the source gave {got}")
-            return _encode(tensor.numpy(), qtype)
+            return _encode(tensor, qtype)
 
         return load
 
