@@ -20,11 +20,16 @@ Example::
 
 from __future__ import annotations
 
+import sys
+from typing import TYPE_CHECKING
+
 import numpy as np
 import numpy.typing as npt
-import torch
 
 from pipeline.formats.gguf.types import BONSAI_TYPES
+
+if TYPE_CHECKING:
+    import torch  # only to name it: a value cannot be a tensor unless torch is loaded
 
 __all__ = [
     "QK2_0",
@@ -48,8 +53,9 @@ U8Array = npt.NDArray[np.uint8]
 
 
 def _as_numpy(values: npt.ArrayLike | torch.Tensor) -> npt.NDArray[np.generic]:
-    if isinstance(values, torch.Tensor):
-        return values.detach().cpu().numpy()
+    torch_module = sys.modules.get("torch")
+    if torch_module is not None and isinstance(values, torch_module.Tensor):
+        return np.asarray(values.detach().cpu().numpy())
     return np.asarray(values)
 
 

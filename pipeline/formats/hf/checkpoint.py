@@ -21,10 +21,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gguf
-import torch
 
 from pipeline.core.errors import InputError, IntegrityError
 from pipeline.formats.hf.architectures import (
@@ -38,6 +37,9 @@ from pipeline.formats.hf.architectures import (
 )
 from pipeline.formats.model_card import ModelCard
 from pipeline.formats.plan import PlannedTensor
+
+if TYPE_CHECKING:
+    import torch  # loaded where tensors are made: the plan and the package stage need no torch
 
 __all__ = ["PlannedTensor", "arch_spec", "tensor_plan", "iter_tensors", "rope_permute", "bitnet_weight_quant"]
 
@@ -220,6 +222,8 @@ def iter_tensors(
     Raises InputError when the shard is unknown or its file missing, IntegrityError when
     the file's tensors disagree with the card (absent, other shape) or its header is invalid.
     """
+    import torch
+
     from pipeline.formats.rawio import SafetensorsReader
 
     spec = arch_spec(card)
