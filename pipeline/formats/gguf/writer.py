@@ -306,9 +306,13 @@ def _pad(fd: int, pos: int, alignment: int) -> int:
 
 
 def write_gguf(
-    dest: Path, arch: str, metadata: Mapping[str, Any], tensors: Sequence[TensorToWrite]
+    dest: Path, arch: str, metadata: Mapping[str, Any], tensors: Sequence[TensorToWrite], *,
+    durable: bool = True,
 ) -> WrittenGGUF:
     """Write a GGUF file at `dest` (must not exist), streaming one tensor at a time.
+
+    ``durable=False`` skips flushing it to disk before the rename: for a scratch file that
+    lives only while one stage runs (calibrate's source GGUF), never for an artifact.
 
     Metadata values are plain Python (int -> uint32, float -> float32, bool, str, lists)
     or `Typed` for anything else. Raises InputError for bad inputs (duplicate names,
@@ -319,8 +323,16 @@ def write_gguf(
     if dest.exists():
         raise InputError(f"{dest} already exists; artifacts are never overwritten")
     _check_tensors(tensors)
-    with atomic_path(dest) as tmp:
-        _write(tmp, arch, metadata, tensors)
+    if durable:
+        with atomic_path(dest) as tmp:
+            _write(tmp, arch, metadata, tensors)
+    else:
+        tmp = dest.with_name(dest.name + ".partial")
+        try:
+            _write(tmp, arch, metadata, tensors)
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
     types = Counter(item.ggml_type.name for item in tensors)
     return WrittenGGUF(dest, dest.stat().st_size, len(tensors), dict(sorted(types.items())))
 

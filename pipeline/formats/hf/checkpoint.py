@@ -41,7 +41,8 @@ from pipeline.formats.plan import PlannedTensor
 if TYPE_CHECKING:
     import torch  # loaded where tensors are made: the plan and the package stage need no torch
 
-__all__ = ["PlannedTensor", "arch_spec", "tensor_plan", "iter_tensors", "rope_permute", "bitnet_weight_quant"]
+__all__ = ["PlannedTensor", "arch_spec", "tensor_plan", "iter_tensors", "is_stored_as_is", "rope_permute",
+           "bitnet_weight_quant"]
 
 _LM_HEAD = "lm_head.weight"
 _BLOCK = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)$")
@@ -208,8 +209,17 @@ def _permute_heads(spec: ArchSpec, config: Mapping[str, Any], hf_name: str) -> i
     return None
 
 
+def is_stored_as_is(card: ModelCard, gguf_name: str, hf_name: str) -> bool:
+    """Whether `iter_tensors` hands this tensor out as its stored values, in stored row order (no
+    q/k permutation, no BitNet rounding): its bytes can be copied file to file."""
+    spec = arch_spec(card)
+    latent = spec.ternary_latent and _LATENT.match(gguf_name)
+    return not latent and _permute_heads(spec, card.config, hf_name) is None
+
+
 def iter_tensors(
-    card: ModelCard, files: Mapping[str, Path], shard: str, *, as_stored: bool = False
+    card: ModelCard, files: Mapping[str, Path], shard: str, *, as_stored: bool = False,
+    skip: frozenset[str] = frozenset(),
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (gguf_name, float32 contiguous tensor) for every planned tensor of one shard.
 
@@ -218,7 +228,7 @@ def iter_tensors(
     reused only once the caller has dropped it. `files` maps shard names to local paths.
     ``as_stored``: BF16/F16 tensors come as stored, not converted, unless values are computed
     from them (BitNet's rounding); a caller that converts as it goes saves a pass and the
-    memory of a float32 copy.
+    memory of a float32 copy. ``skip``: GGUF names checked against the file but not read or yielded.
     Raises InputError when the shard is unknown or its file missing, IntegrityError when
     the file's tensors disagree with the card (absent, other shape) or its header is invalid.
     """
@@ -246,6 +256,8 @@ def iter_tensors(
                     f"tensor {item.hf_name!r} in {shard!r} has shape {list(stored_shape)}; "
                     f"the model card says {list(item.shape)}"
                 )
+            if item.gguf_name in skip:
+                continue
             n_head = _permute_heads(spec, config, item.hf_name)
             rows = None if n_head is None else rope_permute(torch.arange(item.shape[0]), n_head)
             latent = spec.ternary_latent and _LATENT.match(item.gguf_name)

@@ -61,10 +61,11 @@ def _encode(tensor: Any, qtype: gguf.GGMLQuantizationType) -> np.ndarray[Any, An
 
 
 class _Streams:
-    """Hands out each shard's tensors in plan order, to loaders called in that same order."""
+    """Hands out each shard's tensors in plan order, to loaders called in that same order; the
+    ``copied`` ones (written file to file) are not read."""
 
-    def __init__(self, card: ModelCard, files: Mapping[str, Path]) -> None:
-        self._card, self._files = card, files
+    def __init__(self, card: ModelCard, files: Mapping[str, Path], copied: frozenset[str]) -> None:
+        self._card, self._files, self._copied = card, files, copied
         self._open: dict[str, Iterator[tuple[str, Any]]] = {}
 
     def loader(self, shard: str, name: str, qtype: gguf.GGMLQuantizationType) -> Callable[[], Any]:
@@ -72,7 +73,7 @@ class _Streams:
             from pipeline.formats.hf.checkpoint import iter_tensors
 
             stream = self._open.setdefault(
-                shard, iter_tensors(self._card, self._files, shard, as_stored=True))
+                shard, iter_tensors(self._card, self._files, shard, as_stored=True, skip=self._copied))
             got, tensor = next(stream)
             if got != name:
                 raise IntegrityError(f"source GGUF: expected {name} next from {shard}, the source gave {got}")
@@ -95,6 +96,27 @@ def _metadata(card: ModelCard, files: Mapping[str, Path], arch: str) -> tuple[di
     return meta, config
 
 
+def _copy_ranges(card: ModelCard, files: Mapping[str, Path], plan: list[Any]) -> dict[str, tuple[Path, int]]:
+    """Where each tensor that goes into the GGUF exactly as stored (its dtype, its row order) lies
+    in its shard: those bytes are copied file to file, never through this process."""
+    from pipeline.formats.hf.checkpoint import is_stored_as_is
+    from pipeline.formats.safetensors import read_header
+
+    ranges: dict[str, tuple[Path, int]] = {}
+    for shard in card.shards:
+        if shard not in files:
+            continue  # the stream names the missing shard
+        entries = {t.name: t for t in read_header(Path(files[shard])).tensors}
+        for item in (p for p in plan if p.shard == shard):
+            entry = entries.get(item.hf_name)
+            if entry is None or entry.shape != item.shape:
+                continue  # the stream names the mismatch
+            same_type = entry.dtype == _reference_type(item.shape, item.source_dtype).name
+            if same_type and is_stored_as_is(card, item.gguf_name, item.hf_name):
+                ranges[item.gguf_name] = (Path(files[shard]), entry.begin)
+    return ranges
+
+
 def write_source_gguf(card: ModelCard, files: Mapping[str, Path], dest: Path) -> Path:
     """Write the 16-bit GGUF of an HF source at `dest`; returns `dest`.
 
@@ -108,16 +130,16 @@ def write_source_gguf(card: ModelCard, files: Mapping[str, Path], dest: Path) ->
     plan = tensor_plan(card)
     arch = arch_spec(card).gguf_name
     meta, config = _metadata(card, files, arch)
-    streams = _Streams(card, files)
+    copied = _copy_ranges(card, files, plan)
+    streams = _Streams(card, files, frozenset(copied))
     tensors: list[TensorToWrite] = []
     for shard in card.shards:
         for item in (p for p in plan if p.shard == shard):
             qtype = _reference_type(item.shape, item.source_dtype)
-            tensors.append(
-                TensorToWrite(item.gguf_name, qtype, item.shape, streams.loader(shard, item.gguf_name, qtype))
-            )
+            load = streams.loader(shard, item.gguf_name, qtype)
+            tensors.append(TensorToWrite(item.gguf_name, qtype, item.shape, load, copied.get(item.gguf_name)))
     factors = llama3_rope_factors(config)
     if factors is not None:
         tensors.append(TensorToWrite(ROPE_FREQS, _QT.F32, tuple(factors.shape), lambda: factors))
-    write_gguf(dest, arch, meta, tensors)
+    write_gguf(dest, arch, meta, tensors, durable=False)  # a scratch file, deleted after the run
     return dest
