@@ -14,15 +14,14 @@ minus ggml's object header, and ``ggml_op_name`` must name the op codes used her
 from __future__ import annotations
 
 import ctypes
-import sys
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from pipeline.core.errors import IntegrityError
+from pipeline.formats.gguf.ggml_quantize import llama_cpp_library_file
 
 __all__ = [
     "GGMLTensor",
@@ -65,14 +64,6 @@ GGMLTensor._fields_ = [
 ]
 
 
-def _library_file(folder: Path, base: str) -> Path:
-    names = {"darwin": [f"lib{base}.dylib"], "win32": [f"{base}.dll", f"lib{base}.dll"]}
-    for name in names.get(sys.platform, [f"lib{base}.so"]):
-        if (folder / name).exists():
-            return folder / name
-    raise IntegrityError(f"llama-cpp-python's {base} library is not in {folder}")
-
-
 @lru_cache(maxsize=1)
 def ggml_library() -> Any:
     """libggml-base from llama-cpp-python's folder, its functions typed, the struct mirror checked.
@@ -82,7 +73,7 @@ def ggml_library() -> Any:
     """
     import llama_cpp
 
-    lib = ctypes.CDLL(str(_library_file(Path(llama_cpp.__file__).parent / "lib", "ggml-base")))
+    lib = ctypes.CDLL(str(llama_cpp_library_file("ggml-base")))
     lib.ggml_tensor_overhead.restype = ctypes.c_size_t
     lib.ggml_tensor_overhead.argtypes = []
     lib.ggml_op_name.restype = ctypes.c_char_p

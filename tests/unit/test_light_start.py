@@ -65,6 +65,6 @@ def test_an_existing_home_starts_without_alembic_or_torch(tmp_path: Path) -> Non
                           "d.make_params(JobSpec('x', 'tq2_0', {}))\n"
                           # The output's name is worked out before the first stage: no stage's libraries.
                           "import types, pipeline.stages.package.stage\n"
-                          "pipeline.app.convert.output_name(types.SimpleNamespace(source='x', recipe='tq2_0', "
-                          "params={}))\n", heavy)
+                          "pipeline.app.convert.output_name(types.SimpleNamespace(source='x', "
+                          "recipe='tq2_0', params={}))\n", heavy)
     assert again == dict.fromkeys(heavy, False)

@@ -24,14 +24,19 @@ import numpy.typing as npt
 from pipeline.core.errors import IntegrityError
 from pipeline.formats.gguf.types import block_geometry, ggml_type
 
-__all__ = ["LLAMA_QUANT_TYPES", "quantize"]
+__all__ = ["LLAMA_QUANT_TYPES", "quantize", "llama_cpp_library_file"]
 
 # Types this module makes with llama.cpp's quantizer (none of them needs an importance matrix;
 # each takes one to weight its rounding).
 LLAMA_QUANT_TYPES = ("Q4_0", "Q5_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 
-def _library_file(folder: Path, base: str) -> Path:
+def llama_cpp_library_file(base: str) -> Path:
+    """The shared library ``base`` (e.g. ``ggml-base``) that llama-cpp-python ships; IntegrityError
+    when it is not there."""
+    import llama_cpp
+
+    folder = Path(llama_cpp.__file__).parent / "lib"
     names = {"darwin": [f"lib{base}.dylib"], "win32": [f"{base}.dll", f"lib{base}.dll"]}
     for name in names.get(sys.platform, [f"lib{base}.so"]):
         if (folder / name).exists():
@@ -41,9 +46,7 @@ def _library_file(folder: Path, base: str) -> Path:
 
 @lru_cache(maxsize=1)
 def _library() -> Any:
-    import llama_cpp
-
-    lib = ctypes.CDLL(str(_library_file(Path(llama_cpp.__file__).parent / "lib", "ggml-base")))
+    lib = ctypes.CDLL(str(llama_cpp_library_file("ggml-base")))
     lib.ggml_quantize_init.restype = None
     lib.ggml_quantize_init.argtypes = [ctypes.c_int]
     lib.ggml_quantize_chunk.restype = ctypes.c_size_t
