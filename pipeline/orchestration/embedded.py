@@ -6,7 +6,9 @@ exactly as a Celery task would, so both modes record the same rows.
 
 from __future__ import annotations
 
+import importlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,11 +21,15 @@ from pipeline.orchestration.execution import execute_run
 from pipeline.orchestration.progression import advance_job
 from pipeline.orchestration.runtime import Runtime
 
-__all__ = ["run_job", "StageEvent"]
+__all__ = ["run_job", "StageEvent", "warm_up"]
 
 log = logging.getLogger(__name__)
 
 _DEFER_S = 1.0
+# What a later stage imports when it runs (decompose: torch, about 1 s, and numba). Loaded in a background
+# thread while the first stages run, which mostly wait on files and on calibrate's llama.cpp
+# child process, so the import no longer lands between stages.
+_WARM_MODULES = ("pipeline.stages.decompose.shard", "pipeline.ternary.kernel")
 _FINAL = {StepKind.DONE: JobState.SUCCEEDED, StepKind.FAILED: JobState.FAILED,
           StepKind.CANCELLED: JobState.CANCELLED}
 
@@ -39,9 +45,25 @@ class StageEvent:
     message: str | None = None
 
 
+def warm_up() -> threading.Thread:
+    """Start loading `_WARM_MODULES` in a daemon thread (the exit never waits for it); returns it."""
+
+    def load() -> None:
+        for name in _WARM_MODULES:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - the stage's own import reports a real failure
+                log.debug("warming %s failed; the stage will import it itself", name, exc_info=True)
+
+    thread = threading.Thread(target=load, name="bonsai-warm-imports", daemon=True)
+    thread.start()
+    return thread
+
+
 def run_job(rt: Runtime, job_id: int, on_event: Callable[[StageEvent], None] | None = None) -> JobState:
     """Run every remaining stage of `job_id` in order; returns the job's final state."""
     notify = on_event or (lambda _event: None)
+    warm_up()
     while True:
         with session_scope(rt.sessions) as session:
             step = advance_job(session, job_id, max_attempts=rt.max_attempts, retry_base_s=rt.retry_base_s)

@@ -68,3 +68,10 @@ def test_an_existing_home_starts_without_alembic_or_torch(tmp_path: Path) -> Non
                           "pipeline.app.convert.output_name(types.SimpleNamespace(source='x', "
                           "recipe='tq2_0', params={}))\n", heavy)
     assert again == dict.fromkeys(heavy, False)
+
+
+def test_embedded_runs_load_decompose_libraries_in_the_background() -> None:
+    # What run_job warms must be importable, and must be what decompose needs (torch, the kernels).
+    loaded = _loaded_after("import pipeline.orchestration.embedded as e\ne.warm_up().join()\n",
+                           ("torch", "pipeline.stages.decompose.shard", "pipeline.ternary.kernel"))
+    assert loaded == {"torch": True, "pipeline.stages.decompose.shard": True, "pipeline.ternary.kernel": True}
