@@ -46,11 +46,13 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def commit_file(tmp: Path, dest: Path, *, exclusive: bool = False) -> bool:
+def commit_file(tmp: Path, dest: Path, *, exclusive: bool = False, durable: bool = True) -> bool:
     """Flush `tmp` to disk and rename it to `dest`; returns False (and drops `tmp`) when
-    `exclusive` and `dest` already exists, so a stored file is never replaced."""
-    with open(tmp, "rb") as handle:  # fsync needs no write access
-        os.fsync(handle.fileno())
+    `exclusive` and `dest` already exists, so a stored file is never replaced. ``durable=False``
+    skips the flushes: for a scratch file that lives only while one stage runs."""
+    if durable:
+        with open(tmp, "rb") as handle:  # fsync needs no write access
+            os.fsync(handle.fileno())
     if exclusive:
         try:
             os.link(tmp, dest)  # fails if dest exists: no window in which it is overwritten
@@ -66,13 +68,15 @@ def commit_file(tmp: Path, dest: Path, *, exclusive: bool = False) -> bool:
             tmp.unlink()
     else:
         os.replace(tmp, dest)
-    _fsync_dir(dest.parent)
+    if durable:
+        _fsync_dir(dest.parent)
     return True
 
 
 @contextmanager
-def atomic_path(dest: Path, *, overwrite: bool = False) -> Iterator[Path]:
-    """A temporary path beside `dest`; renamed to `dest` when the block ends without error.
+def atomic_path(dest: Path, *, overwrite: bool = False, durable: bool = True) -> Iterator[Path]:
+    """A temporary path beside `dest`; renamed to `dest` when the block ends without error
+    (flushed to disk first unless ``durable=False``, see `commit_file`).
 
     Raises InputError before anything is written when `dest` exists and `overwrite` is False.
     On any error the temporary file is removed and `dest` is untouched.
@@ -85,7 +89,7 @@ def atomic_path(dest: Path, *, overwrite: bool = False) -> Iterator[Path]:
         yield tmp
         if not tmp.exists():
             raise IntegrityError(f"{dest}: nothing was written to {tmp.name}")
-        if not commit_file(tmp, dest, exclusive=not overwrite):
+        if not commit_file(tmp, dest, exclusive=not overwrite, durable=durable):
             raise InputError(f"{dest} appeared while it was being written; it was left as it was")
     finally:
         tmp.unlink(missing_ok=True)

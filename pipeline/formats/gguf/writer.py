@@ -323,16 +323,8 @@ def write_gguf(
     if dest.exists():
         raise InputError(f"{dest} already exists; artifacts are never overwritten")
     _check_tensors(tensors)
-    if durable:
-        with atomic_path(dest) as tmp:
-            _write(tmp, arch, metadata, tensors)
-    else:
-        tmp = dest.with_name(dest.name + ".partial")
-        try:
-            _write(tmp, arch, metadata, tensors)
-            os.replace(tmp, dest)
-        finally:
-            tmp.unlink(missing_ok=True)
+    with atomic_path(dest, durable=durable) as tmp:
+        _write(tmp, arch, metadata, tensors)
     types = Counter(item.ggml_type.name for item in tensors)
     return WrittenGGUF(dest, dest.stat().st_size, len(tensors), dict(sorted(types.items())))
 
