@@ -23,7 +23,7 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Rung", "ladder", "hull", "allocate"]
+__all__ = ["Rung", "rung_label", "ladder", "hull", "allocate"]
 
 _QK_K, _Q2_0_BLOCK, _LEGACY_BLOCK = 256, 64, 32
 
@@ -39,7 +39,12 @@ class Rung:
 
     @property
     def label(self) -> str:
-        return f"{self.ggml_type}/{self.levels}" if self.levels else self.ggml_type
+        return rung_label(self.ggml_type, self.levels)
+
+
+def rung_label(ggml_type: str, levels: int | None) -> str:
+    """How a storage choice is named in reports: its type, with Q2_0's levels (``Q2_0/3``)."""
+    return f"{ggml_type}/{levels}" if levels else ggml_type
 
 
 def ladder(cols: int, is_linear: bool) -> list[tuple[str, int | None]]:

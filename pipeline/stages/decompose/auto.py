@@ -22,7 +22,7 @@ import torch
 
 from pipeline.formats.model_card import ModelCard
 from pipeline.stages.decompose.calibration import CalibrationInputs
-from pipeline.ternary.allocate import Rung, allocate, ladder
+from pipeline.ternary.allocate import Rung, allocate, ladder, rung_label
 from pipeline.ternary.decompose import decompose_packed
 from pipeline.ternary.pack import decode_bytes, encode_plain, tensor_nbytes
 from pipeline.ternary.policy import LINEAR_KINDS, Recipe, TensorDecision, decide
@@ -136,28 +136,28 @@ def measure(
     device: torch.device,
     calibration: CalibrationInputs | None,
     stream_options: Mapping[str, Any],
-    keep: tuple[RungBytes, Recipe] | None = None,
+    recipe: Recipe,
+    keep: RungBytes | None = None,
 ) -> Candidates:
     """Every candidate tensor of every shard on every rung of its ladder. With ``keep``, every
-    rung's bytes go to its `RungBytes`, and so do every other tensor's bytes under the recipe."""
+    rung's bytes go there, and so do every other tensor's bytes under ``recipe``."""
     from pipeline.stages.decompose.shard import encode_tensor
 
     rungs: dict[str, list[Rung]] = {}
-    kept = keep[0] if keep else None
     for shard in card.shards:
         for name, weight in source.iter_tensors(card, files, shard, **stream_options):
             shape = tuple(int(d) for d in weight.shape)
             if _is_candidate(name, shape) and ladder(shape[1], name not in _HEADS):
-                rungs[name] = _rungs(name, weight, device, calibration, kept)
+                rungs[name] = _rungs(name, weight, device, calibration, keep)
                 log.debug(
                     "stage decompose: auto measured %s: %s",
                     name,
                     ", ".join(f"{r.label} {r.cost:.4g}" for r in rungs[name]),
                 )
             elif keep is not None:
-                decision = decide(name, shape, keep[1])
-                keep[0].put(name, label_of(decision), encode_tensor(name, weight, decision, keep[1], device,
-                                                                   calibration))
+                decision = decide(name, shape, recipe)
+                keep.put(name, label_of(decision), encode_tensor(name, weight, decision, recipe, device,
+                                                                calibration))
             del weight
     n_params = {p.gguf_name: int(np.prod(p.shape)) for p in plan if p.gguf_name in rungs}
     return Candidates(rungs, n_params)
@@ -203,8 +203,8 @@ def choose(
 
 
 def label_of(decision: TensorDecision) -> str:
-    """The `Rung.label` a decision stands for (its type, with Q2_0's levels)."""
-    return f"{decision.ggml_type}/{decision.levels}" if decision.levels else decision.ggml_type
+    """The `Rung.label` a decision stands for."""
+    return rung_label(decision.ggml_type, decision.levels)
 
 
 def budget_of(candidates: Candidates, bpw: float) -> int:

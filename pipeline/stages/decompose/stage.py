@@ -154,7 +154,7 @@ def _auto(
     source = _source_module(card)
     weighted = bool(calibration and calibration.imatrix)
     if not recipe.has_quality_target:
-        candidates = measure(source, card, files, plan, device, calibration, stream_options(source))
+        candidates = measure(source, card, files, plan, device, calibration, stream_options(source), recipe)
         return choose(candidates, plan, recipe, recipe.target_bpw, weighted)
     from pipeline.stages.decompose.search import SearchInputs, check_reference, search
 
@@ -163,7 +163,7 @@ def _auto(
     kept = RungBytes(workdir / ".rungs.bin")
     try:
         candidates = measure(source, card, files, plan, device, calibration, stream_options(source),
-                             (kept, recipe))
+                             recipe, kept)
         return search(SearchInputs(card, plan, recipe, candidates, kept, inputs, reference, workdir),
                       weighted)
     finally:
