@@ -19,8 +19,7 @@ Example::
 
 from __future__ import annotations
 
-import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -30,19 +29,10 @@ from gguf import quants as gguf_quants
 from pipeline.formats.gguf.ggml_quantize import LLAMA_QUANT_TYPES, quantize
 from pipeline.formats.gguf.types import block_geometry
 from pipeline.ternary import pack_bonsai
+from pipeline.ternary.pack_bonsai import as_numpy
 
 if TYPE_CHECKING:
     import torch  # only to name it: these functions take torch tensors but need no torch of their own
-
-
-def _numpy(values: Any) -> Any:
-    """A torch tensor as a numpy array (float32 for floating types); anything else as it is. A value
-    cannot be a tensor unless torch is loaded, so this module never loads it."""
-    torch_module = sys.modules.get("torch")
-    if torch_module is not None and isinstance(values, torch_module.Tensor):
-        tensor = values.detach()
-        return (tensor.to(torch_module.float32) if tensor.is_floating_point() else tensor).cpu().numpy()
-    return values
 
 __all__ = [
     "QK_K",
@@ -113,8 +103,8 @@ def tensor_nbytes(ggml_type: str, shape: tuple[int, ...]) -> int:
 def _as_blocks(codes: npt.ArrayLike | torch.Tensor, scales: npt.ArrayLike | torch.Tensor,
                ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
     """Codes as uint8 ``t + 1`` [n_blocks, 256] and scales as fp16 bytes [n_blocks, 2]."""
-    c = np.asarray(_numpy(codes))
-    s = np.asarray(_numpy(scales))
+    c = as_numpy(codes)
+    s = as_numpy(scales)
     c = c.reshape(-1, QK_K)
     s = s.reshape(-1)
     if s.shape[0] != c.shape[0]:
@@ -221,7 +211,7 @@ def encode_plain(values: npt.ArrayLike | torch.Tensor, ggml_type: str,
     weight per column) when given. Raises ValueError for other types, for values that overflow
     F16 (the caller names the tensor) and for rows that are not whole blocks.
     """
-    arr = np.ascontiguousarray(_numpy(values), dtype=np.float32)
+    arr = np.ascontiguousarray(as_numpy(values, float32=True), dtype=np.float32)
     if ggml_type == "F32":
         out = arr.astype("<f4")
     elif ggml_type == "F16":

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     import torch  # only to name it: a value cannot be a tensor unless torch is loaded
 
 __all__ = [
+    "as_numpy",
     "QK2_0",
     "QK1_0",
     "pack_q2_0",
@@ -52,16 +53,21 @@ _Q1_SHIFTS = np.arange(8, dtype=np.uint8)
 U8Array = npt.NDArray[np.uint8]
 
 
-def _as_numpy(values: npt.ArrayLike | torch.Tensor) -> npt.NDArray[np.generic]:
+def as_numpy(values: npt.ArrayLike | torch.Tensor, *, float32: bool = False) -> npt.NDArray[np.generic]:
+    """A torch tensor (floating ones as float32 when ``float32``) or anything array-like as numpy.
+    A value cannot be a tensor unless torch is loaded, so the packers never load it."""
     torch_module = sys.modules.get("torch")
     if torch_module is not None and isinstance(values, torch_module.Tensor):
-        return np.asarray(values.detach().cpu().numpy())
+        tensor = values.detach()
+        if float32 and tensor.is_floating_point():
+            tensor = tensor.to(torch_module.float32)
+        return np.asarray(tensor.cpu().numpy())
     return np.asarray(values)
 
 
 def _scale_bytes(scales: npt.ArrayLike | torch.Tensor, n_blocks: int) -> U8Array:
     """Scales as little-endian fp16 bytes [n_blocks, 2]; ValueError unless finite in fp16."""
-    s = _as_numpy(scales).reshape(-1)
+    s = as_numpy(scales).reshape(-1)
     if s.shape[0] != n_blocks:
         raise ValueError(f"{n_blocks} blocks of codes but {s.shape[0]} scales")
     with np.errstate(over="ignore", invalid="ignore"):
@@ -81,7 +87,7 @@ def pack_q2_0(codes: npt.ArrayLike | torch.Tensor, scales: npt.ArrayLike | torch
     ``scales``: ``[n_blocks]``, fp16-exact (other values are rounded to nearest). Raises
     ValueError for a level outside {-1, 0, 1, 2}, a count mismatch or a scale not finite in fp16.
     """
-    c = _as_numpy(codes).astype(np.int16).reshape(-1, QK2_0)
+    c = as_numpy(codes).astype(np.int16).reshape(-1, QK2_0)
     if c.size and (c.min() < -1 or c.max() > 2):
         raise ValueError("Q2_0 levels must lie in {-1, 0, 1, 2}")
     d = _scale_bytes(scales, c.shape[0])
@@ -103,7 +109,7 @@ def pack_q1_0(codes: npt.ArrayLike | torch.Tensor, scales: npt.ArrayLike | torch
 
     Raises ValueError for a code other than -1 or +1, a count mismatch or a bad scale.
     """
-    c = _as_numpy(codes).astype(np.int16).reshape(-1, QK1_0)
+    c = as_numpy(codes).astype(np.int16).reshape(-1, QK1_0)
     if c.size and not np.all((c == 1) | (c == -1)):
         raise ValueError("Q1_0 codes must be -1 or +1")
     d = _scale_bytes(scales, c.shape[0])
