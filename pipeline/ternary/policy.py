@@ -173,6 +173,13 @@ def get_recipe(name: str, options: Mapping[str, Any] | None = None) -> Recipe:
     return result
 
 
+def meets_quality(min_top1: float | None, max_kl: float | None, top1: float, mean_kl: float,
+                  top1_margin: float = 0.0) -> bool:
+    """Whether agreement figures meet a quality target (a target of None or 0 is not set); top-1 must
+    clear ``min_top1`` by ``top1_margin``."""
+    return (not min_top1 or top1 >= min_top1 + top1_margin) and (not max_kl or mean_kl <= max_kl)
+
+
 def _quality_target(recipe: str, key: str, value: Any) -> float:
     """``min_top1`` (0 < x <= 1) or ``max_kl`` (nats, > 0), for the auto recipe only."""
     if recipe != AUTO:

@@ -36,7 +36,7 @@ from pipeline.formats.model_card import ModelCard
 from pipeline.stages.base import InputFile
 from pipeline.stages.calibrate.answers import CALIBRATION
 from pipeline.stages.decompose.auto import Allocation, Candidates, RungBytes, choose, label_of
-from pipeline.ternary.policy import Recipe, TensorDecision
+from pipeline.ternary.policy import Recipe, TensorDecision, meets_quality
 
 __all__ = ["Trial", "SearchInputs", "meets", "top1_margin", "check_reference", "search", "MAX_TRIALS",
            "RESOLUTION_BPW", "SEARCH_POSITIONS"]
@@ -81,8 +81,7 @@ class SearchInputs:
 
 def meets(recipe: Recipe, top1: float, mean_kl: float, top1_margin: float = 0.0) -> bool:
     """Whether a file with these figures meets the recipe's quality target (top-1 by ``top1_margin``)."""
-    top1_ok = recipe.min_top1 <= 0 or top1 >= recipe.min_top1 + top1_margin
-    return top1_ok and (recipe.max_kl <= 0 or mean_kl <= recipe.max_kl)
+    return meets_quality(recipe.min_top1, recipe.max_kl, top1, mean_kl, top1_margin)
 
 
 def top1_margin(min_top1: float, n_positions: int) -> float:

@@ -22,6 +22,7 @@ import numpy as np
 
 from pipeline.calibration.predictions import AgreementStats, agreement_stats
 from pipeline.core.errors import IntegrityError
+from pipeline.ternary.policy import meets_quality
 
 if TYPE_CHECKING:
     from pipeline.calibration.agreement import ReferenceAgreement
@@ -335,7 +336,7 @@ def quality_target_check(agreement: Check, report: Mapping[str, Any] | None) -> 
         return Check("quality_target", "fail", f"the job asks for {wanted}, but agreement with the source "
                      f"was not measured: {agreement.reason}")
     chosen = searched["trials"][searched["chosen"]]
-    met = (min_top1 is None or top1 >= min_top1) and (max_kl is None or kl <= max_kl)
+    met = meets_quality(min_top1, max_kl, top1, kl)
     detail = (f"asked {wanted}: top-1 {top1:.1%}, mean KL {kl:.3f} on the agreement text (the search "
               f"measured {chosen['top1']:.1%} and {chosen['mean_kl']:.3f} on the calibration text, "
               f"{len(searched['trials'])} files tried)")
