@@ -154,43 +154,44 @@ def _try(ctx: SearchInputs, bpw: float, weighted: bool, number: int) -> tuple[Al
 
 def search(ctx: SearchInputs, weighted: bool) -> Allocation:
     """The allocation of the smallest budget tried whose file meets the target (else the largest),
-    with the trials in its summary under ``search``."""
-    check_reference(ctx.reference)
+    with the trials in its summary under ``search``. The caller has checked the reference
+    (`check_reference`) before measuring."""
     n_params = ctx.candidates.total_params
     low, high = (b * 8 / n_params for b in ctx.candidates.bytes_range())
     high = min(high, ctx.recipe.target_bpw)
     trials: list[Trial] = []
-    found: dict[float, Allocation] = {}
+    allocations: list[Allocation] = []
     positions = 0
 
-    def attempt(bpw: float) -> Trial:
+    def attempt(bpw: float) -> int:
         nonlocal positions
         allocation, trial, positions = _try(ctx, bpw, weighted, len(trials) + 1)
         trials.append(trial)
-        found[trial.target_bpw] = allocation
-        return trial
+        allocations.append(allocation)
+        return len(trials) - 1
 
     best = attempt(high)
-    if best.meets and high - low > 1e-9:
+    if trials[best].meets and high - low > 1e-9:
         failing = low
         first = attempt(low)
-        if first.meets:
+        if trials[first].meets:
             best = first
-        while not first.meets and best.target_bpw - failing > RESOLUTION_BPW and len(trials) < MAX_TRIALS:
-            trial = attempt((failing + best.target_bpw) / 2)
-            if trial.meets:
-                best = trial
+        while (not trials[first].meets and trials[best].target_bpw - failing > RESOLUTION_BPW
+               and len(trials) < MAX_TRIALS):
+            tried = attempt((failing + trials[best].target_bpw) / 2)
+            if trials[tried].meets:
+                best = tried
             else:
-                failing = trial.target_bpw
-    chosen = found[best.target_bpw]
+                failing = trials[tried].target_bpw
+    chosen = allocations[best]
     chosen.summary["search"] = {
         "min_top1": ctx.recipe.min_top1 or None,
         "max_kl": ctx.recipe.max_kl or None,
         "scored_on": CALIBRATION,
         "positions": positions,
         "top1_margin": round(top1_margin(ctx.recipe.min_top1, positions), 4) if ctx.recipe.min_top1 else None,
-        "met": best.meets,
-        "chosen": trials.index(best),
+        "met": trials[best].meets,
+        "chosen": best,
         "trials": [asdict(t) for t in trials],
     }
     return chosen
