@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["TensorReport", "build_report", "render_plot"]
+__all__ = ["TensorReport", "build_report", "render_plot", "plot_font"]
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 
@@ -109,7 +109,7 @@ def render_plot(report: dict[str, Any]) -> bytes:
     Drawn with Pillow (which matplotlib itself depends on): ~0.05 s, where importing
     matplotlib alone took ~0.6 s of every decompose run.
     """
-    from PIL import Image, ImageDraw, ImageFont
+    from PIL import Image, ImageDraw
 
     layers = sorted(report["layers"].items(), key=lambda kv: int(kv[0]))
     idx = [int(k) for k, _ in layers]
@@ -118,9 +118,9 @@ def render_plot(report: dict[str, Any]) -> bytes:
     base = [v["absmean_rel_error"] for _, v in layers]
     image = Image.new("RGB", (_PLOT_W, _PLOT_H), "white")
     draw = ImageDraw.Draw(image)
-    font = _font(ImageFont, 13)
+    font = plot_font(13)
     title = f"{report.get('recipe', '')} {report.get('method', '')}: per-layer skeleton".strip()
-    draw.text((_PLOT_W // 2, 8), title, fill="black", font=_font(ImageFont, 15), anchor="mt")
+    draw.text((_PLOT_W // 2, 8), title, fill="black", font=plot_font(15), anchor="mt")
     x_of = _x_axis(idx)
     top = _Panel(draw, font, 50, 250, (0.0, 1.0), "sparsity (zero codes)")
     for i, value in zip(idx, sparsity, strict=True):
@@ -152,7 +152,10 @@ _LEFT, _RIGHT = 80, 20
 _GREEN, _BLUE, _ORANGE = (68, 170, 119), (31, 119, 180), (255, 127, 14)
 
 
-def _font(image_font: Any, size: int) -> Any:
+def plot_font(size: int) -> Any:
+    """Pillow's default font at ``size`` (the plots' only font: nothing to install)."""
+    from PIL import ImageFont as image_font
+
     try:
         return image_font.load_default(size=size)
     except TypeError:  # Pillow < 10.1: fixed-size bitmap font

@@ -1,4 +1,4 @@
-"""The auto search's size-vs-agreement plot: each file tried, top-1 (dots) and mean KL (squares) by size.
+"""The auto search's size-vs-agreement plot: each file tried, by size, in two panels (top-1, mean KL).
 
 Drawn with Pillow like the sparsity plot; the chosen file is ringed, the target drawn as a dashed
 line on its panel.
@@ -10,20 +10,13 @@ import io
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pipeline.ternary.report import plot_font
+
 __all__ = ["PLOT_NAME", "render_search_plot"]
 
 PLOT_NAME = "candidates.png"
 _W, _H, _LEFT, _RIGHT = 760, 520, 80, 30
 _BLUE, _ORANGE, _RED, _GREY = (31, 119, 180), (255, 127, 14), (200, 30, 30), (150, 150, 150)
-
-
-def _font(size: int) -> Any:
-    from PIL import ImageFont
-
-    try:
-        return ImageFont.load_default(size=size)
-    except TypeError:  # Pillow < 10.1
-        return ImageFont.load_default()
 
 
 def render_search_plot(search: Mapping[str, Any]) -> bytes:
@@ -33,10 +26,10 @@ def render_search_plot(search: Mapping[str, Any]) -> bytes:
     trials: Sequence[Mapping[str, Any]] = search["trials"]
     image = Image.new("RGB", (_W, _H), "white")
     draw = ImageDraw.Draw(image)
-    font = _font(13)
+    font = plot_font(13)
     target = ", ".join(f"{k} {search[k]}" for k in ("min_top1", "max_kl") if search.get(k) is not None)
     draw.text((_W // 2, 8), f"auto: files tried ({target}; scored on the {search['scored_on']} text)",
-              fill="black", font=_font(15), anchor="mt")
+              fill="black", font=plot_font(15), anchor="mt")
     sizes = [t["file_bytes"] / 1e6 for t in trials]
     lo, hi = float(min(sizes)), float(max(sizes))
     span = (hi - lo) or max(hi * 0.1, 1.0)
