@@ -3,8 +3,9 @@
 The digest is computed from the *destination's* bytes, chunk by chunk as each chunk is
 written, never from the source: a source that changes during the copy cannot give a digest
 that differs from what was stored. The copy itself runs in the kernel (``copy_file_range``),
-so the bytes cross into user space once, for hashing; a third thread flushes finished chunks
-to disk while later ones are copied, so the closing ``fsync`` has little left to do.
+and the hasher reads each copied chunk through a mapping of the destination, so the bytes are
+never copied into user space; a third thread flushes finished chunks to disk while later ones
+are copied, so the closing ``fsync`` has little left to do.
 
     digest, size_bytes = copy_and_hash(Path("model.safetensors"), fd)  # fd: open for read+write
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import mmap
 import os
 import queue
 import threading
@@ -75,18 +77,14 @@ class _Worker:
 
 def _kernel_copy(src_fd: int, dst_fd: int) -> tuple[str, int]:
     digest = hashlib.sha256()
-    buffer = bytearray(_READ_BYTES)
-    view = memoryview(buffer)
 
     def hash_range(item: tuple[int, int]) -> None:
         offset, length = item
-        end = offset + length
-        while offset < end:
-            got = os.preadv(dst_fd, [view[: min(_READ_BYTES, end - offset)]], offset)
-            if got <= 0:
-                raise OSError(errno.EIO, f"copy shrank while being hashed, at byte {offset}")
-            digest.update(view[:got])  # releases the GIL: hashing overlaps the next chunk's copy
-            offset += got
+        # The copied chunk hashed straight from the page cache, in one call: no copy into user
+        # space, and one GIL release per chunk, so a busy thread elsewhere in the process (a
+        # background import) rarely makes the hasher wait for the GIL.
+        with mmap.mmap(dst_fd, length, mmap.MAP_SHARED, mmap.PROT_READ, offset=offset) as mapped:
+            digest.update(mapped)
 
     hasher = _Worker(hash_range)
     syncer = _Worker(lambda _item: os.fdatasync(dst_fd))
