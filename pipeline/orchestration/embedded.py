@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipeline.core.states import JobState, StageName, StageState
-from pipeline.db.models import StageRun
+from pipeline.db.models import Job, StageRun
 from pipeline.db.session import session_scope
 from pipeline.orchestration.coordinator import StepKind
 from pipeline.orchestration.execution import execute_run
@@ -45,8 +45,14 @@ class StageEvent:
     message: str | None = None
 
 
-def warm_up() -> threading.Thread:
-    """Start loading `_WARM_MODULES` in a daemon thread (the exit never waits for it); returns it."""
+def warm_up(ternary_type: str | None = None) -> threading.Thread:
+    """Start loading `_WARM_MODULES` in a daemon thread (the exit never waits for it); returns it.
+
+    With `ternary_type`, the thread also loads that type's compiled kernel from numba's cache
+    (numba itself and the machine code, ~0.5 s that would otherwise open the decompose stage).
+    It never compiles: a kernel not yet cached on this machine is compiled, and announced, by
+    the stage itself.
+    """
 
     def load() -> None:
         for name in _WARM_MODULES:
@@ -54,16 +60,40 @@ def warm_up() -> threading.Thread:
                 importlib.import_module(name)
             except Exception:  # noqa: BLE001 - the stage's own import reports a real failure
                 log.debug("warming %s failed; the stage will import it itself", name, exc_info=True)
+                return
+        if ternary_type is not None:
+            _load_kernel(ternary_type)
 
     thread = threading.Thread(target=load, name="bonsai-warm-imports", daemon=True)
     thread.start()
     return thread
 
 
+def _load_kernel(ternary_type: str) -> None:
+    from pipeline.ternary import kernel_cache
+
+    try:
+        kernel_cache.load_cached(ternary_type)
+    except Exception:  # noqa: BLE001 - the stage loads the kernel itself and reports a real failure
+        log.debug("loading the %s kernel early failed; decompose will load it", ternary_type, exc_info=True)
+
+
+def _ternary_type(rt: Runtime, job_id: int) -> str | None:
+    """The job's ternary type, if its recipe names one (a bad recipe fails in its stage, not here)."""
+    from pipeline.ternary.policy import get_recipe
+
+    try:
+        with session_scope(rt.sessions) as session:
+            job = session.get_one(Job, job_id)
+            return get_recipe(job.recipe, dict(job.params or {})).ternary_type
+    except Exception:  # noqa: BLE001 - only a head start; the stages report real errors
+        return None
+
+
 def run_job(rt: Runtime, job_id: int, on_event: Callable[[StageEvent], None] | None = None) -> JobState:
     """Run every remaining stage of `job_id` in order; returns the job's final state."""
     notify = on_event or (lambda _event: None)
-    warm_up()
+    warm_up(_ternary_type(rt, job_id))
     while True:
         with session_scope(rt.sessions) as session:
             step = advance_job(session, job_id, max_attempts=rt.max_attempts, retry_base_s=rt.retry_base_s)

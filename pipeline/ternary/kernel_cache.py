@@ -3,7 +3,7 @@
 numba keeps the machine code of `kernel` and `kernel_bonsai` on disk (next to their sources);
 the first decomposition on a machine compiles it once (tens of seconds for a model of any
 size), later ones load it. `bonsai convert` asks `is_cold` first, to say so instead of
-looking stuck.
+looking stuck. `load_cached` loads what the cache holds ahead of the stage, compiling nothing.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from pipeline.ternary.kernel import is_available
 
-__all__ = ["is_cold", "COMPILE_ESTIMATE_S"]
+__all__ = ["is_cold", "load_cached", "COMPILE_ESTIMATE_S"]
 
 # Measured on two cores: the TQ kernel ~15 s, the Q2_0/Q1_0 kernel (more variants) ~30 s.
 COMPILE_ESTIMATE_S = {"TQ2_0": 15, "TQ1_0": 15, "Q2_0": 30, "Q1_0": 30}
@@ -46,3 +46,30 @@ def is_cold(ggml_type: str) -> bool:
         return not dispatcher._cache._cache_file._load_index()
     except Exception:  # noqa: BLE001 - a private numba API: any change means "unknown"
         return False
+
+
+def load_cached(ggml_type: str) -> int:
+    """Load every variant of `ggml_type`'s kernel that numba's cache holds for this CPU; returns how many.
+
+    Compiles nothing: a variant that is not cached (or cached for another CPU) is left for its
+    first call, so a background warm-up never spends tens of seconds of CPU a job may not need.
+    0 when numba is missing, the type has no kernel, or the cache cannot be read.
+    """
+    if not is_available():
+        return 0
+    dispatcher = _dispatcher(ggml_type.upper())
+    if dispatcher is None:
+        return 0
+    try:
+        index = dispatcher._cache._cache_file._load_index()
+        this_cpu = dispatcher.targetctx.codegen().magic_tuple()
+        # Index keys: (argument types, the CPU the code was made for, numba's own flags).
+        cached = [key[0] for key in index if key[1] == this_cpu]
+    except Exception:  # noqa: BLE001 - a private numba API: any change means "nothing to load"
+        return 0
+    loaded = 0
+    for signature in cached:
+        if signature not in dispatcher.overloads:
+            dispatcher.compile(signature)  # a cache hit: numba loads the machine code
+            loaded += 1
+    return loaded

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pipeline.db import migrate
 from pipeline.db.session import make_engine
 
@@ -75,3 +77,26 @@ def test_embedded_runs_load_decompose_libraries_in_the_background() -> None:
     loaded = _loaded_after("import pipeline.orchestration.embedded as e\ne.warm_up().join()\n",
                            ("torch", "pipeline.stages.decompose.shard", "pipeline.ternary.kernel"))
     assert loaded == {"torch": True, "pipeline.stages.decompose.shard": True, "pipeline.ternary.kernel": True}
+
+
+def test_the_background_warm_up_loads_the_jobs_cached_kernel_and_compiles_nothing() -> None:
+    pytest.importorskip("numba", reason="the compiled kernel needs numba")
+    # Make sure the TQ kernel's variants are in numba's cache (a cold machine compiles them here, once).
+    _loaded_after("from pipeline.ternary import kernel\nkernel.warm_up()\n", ())
+    code = (
+        "import pipeline.orchestration.embedded as e\ne.warm_up('TQ2_0').join()\n"
+        "from pipeline.ternary import _kernel_impl as k\nd = k.fit_pack_all\n"
+        "assert len(d.overloads) >= 2, d.overloads\n"  # the bf16 and float32 variants, loaded
+        "assert sum(d._cache_misses.values()) == 0, d._cache_misses\n"  # none compiled
+        "assert sum(d._cache_hits.values()) == len(d.overloads)\n"
+    )
+    assert _loaded_after(code, ("numba",)) == {"numba": True}
+
+
+def test_a_type_without_a_kernel_warms_only_the_libraries() -> None:
+    from pipeline.ternary import kernel_cache
+
+    assert kernel_cache.load_cached("F16") == 0
+    loaded = _loaded_after("import pipeline.orchestration.embedded as e\ne.warm_up('F16').join()\n",
+                           ("torch", "pipeline.ternary._kernel_impl"))
+    assert loaded == {"torch": True, "pipeline.ternary._kernel_impl": False}
