@@ -380,6 +380,27 @@ def test_probe_failure_text_drops_python_tracebacks(tmp_path: Path) -> None:
 
 
 @pytest.mark.llama
+def test_a_probe_child_started_before_its_file_runs_it(packaged_gguf: Path, tmp_path: Path) -> None:
+    with probe.ProbeProcess(tmp_path, label="early") as child:
+        late = tmp_path / "late.gguf"  # the file appears only after the child started
+        shutil.copyfile(packaged_gguf, late)
+        result, why = child.run(probe.ProbeRequest(path=str(late), max_tokens=2), timeout_s=120)
+        with pytest.raises(RuntimeError, match="one request"):
+            child.run(probe.ProbeRequest(path=str(late)), timeout_s=120)
+    assert why == "" and result is not None and result.completions[0]["prompt"] == "1+1="
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["late.gguf"]  # nothing of the child's left
+
+
+def test_a_probe_child_never_asked_ends_quietly(tmp_path: Path) -> None:
+    child = probe.ProbeProcess(tmp_path, label="unused")
+    process = child._proc
+    assert process is not None
+    child.close()
+    child.close()  # twice is harmless
+    assert process.returncode is not None and not list(tmp_path.iterdir())
+
+
+@pytest.mark.llama
 def test_real_decompose_package_validate_chain(
     download_inputs: dict[str, InputFile], source_inputs: dict[str, InputFile], tmp_path: Path
 ) -> None:

@@ -50,7 +50,7 @@ from pipeline.stages.calibrate.answers import (
     request_key,
 )
 from pipeline.stages.calibrate.params import Params, make_params
-from pipeline.stages.validate.probe import ProbeRequest, ProbeResult, run_probe
+from pipeline.stages.validate.probe import ProbeProcess, ProbeRequest, ProbeResult
 from pipeline.ternary.policy import LINEAR_KINDS
 
 __all__ = ["NAME", "VERSION", "Params", "make_params", "run", "probe_request"]
@@ -156,12 +156,14 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
                          f"got {sorted(inputs)}")
     card = ModelCard.load(card_item.path, f"inspect/{CARD_NAME}")
     n_threads = _threads()
-    source, kind = _source_path(card, download, workdir)
-    written_s = time.monotonic() - started
     probe: ProbeResult | None = None
+    source, kind = None, "none"
     try:
-        request = probe_request(source, params, n_threads)
-        probe, why = run_probe(request, workdir, params.timeout_s, label="source")
+        with ProbeProcess(workdir, label="source") as child:  # llama.cpp loads while the source is written
+            source, kind = _source_path(card, download, workdir)
+            written_s = time.monotonic() - started
+            request = probe_request(source, params, n_threads)
+            probe, why = child.run(request, params.timeout_s)
         if probe is None:
             raise IntegrityError(f"the source does not run in llama.cpp, so nothing can be compared "
                                  f"with it: {why}")
@@ -178,7 +180,7 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
     finally:
         if probe is not None and probe.logits_path:
             Path(probe.logits_path).unlink(missing_ok=True)
-        if kind == "hf-16bit":
+        if kind == "hf-16bit" and source is not None:
             source.unlink(missing_ok=True)
     answers = SourceAnswers(kind, probe, request_key(request))
     info = {

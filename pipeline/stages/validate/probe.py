@@ -18,6 +18,9 @@ them back with the exception's one-line text; no Python traceback reaches the me
 Example::
 
     result, why = run_probe(ProbeRequest(path=gguf, prompts=("1+1=",), text="The sun rises."), workdir)
+
+A caller that still has to write or check the file starts the child first (`ProbeProcess`), so
+Python and llama.cpp load meanwhile.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from typing import Any
 from pipeline.core.errors import IntegrityError
 from pipeline.formats.jsonfile import load_json
 
-__all__ = ["ProbeRequest", "ProbeResult", "run_probe", "main"]
+__all__ = ["ProbeRequest", "ProbeResult", "ProbeProcess", "run_probe", "main"]
 
 _STDERR_TAIL_CHARS = 2000
 _MAX_RESULT_BYTES = 16 * 1024 * 1024
@@ -267,9 +270,12 @@ def main() -> None:
     On failure the child writes ``error_path`` (the exception's one line and llama.cpp's own
     warning and error lines) and exits 2, so the parent never has to show a traceback.
     """
-    request = json.loads(sys.stdin.read())
-    import llama_cpp
+    import llama_cpp  # loaded before the request arrives: the parent may still be writing the file
 
+    text = sys.stdin.read()
+    if not text.strip():
+        return  # the parent closed without a request (it failed before the file was ready)
+    request = json.loads(text)
     log = _LlamaLog(llama_cpp)
     try:
         _probe(request["request"], request["logits_path"]).write(Path(request["result_path"]))
@@ -317,43 +323,79 @@ def _failure(label: str, returncode: int, stderr: str, error_path: Path) -> str:
     return f"{head}: {python} (llama.cpp logged no error)"
 
 
+class ProbeProcess:
+    """A probe child started before its request: Python and llama.cpp load (~0.25 s) while the caller
+    still writes or checks the file. `run` sends the request once; leaving the ``with`` block ends a
+    child that was never used.
+
+        with ProbeProcess(workdir, "source") as child:
+            path = write_the_file()
+            result, why = child.run(ProbeRequest(path=str(path)), timeout_s=120)
+    """
+
+    def __init__(self, workdir: Path, label: str = "model") -> None:
+        self.label = label
+        self.result_path = workdir / f".probe-{label}.json"
+        self.logits_path = workdir / f".probe-{label}-logits.npy"
+        self.error_path = workdir / f".probe-{label}-error.json"
+        # The child must import this same checkout even when it is not pip-installed.
+        root = str(Path(__file__).resolve().parents[2])
+        path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": path}
+        code = "from pipeline.stages.validate.probe import main; main()"
+        self._proc: subprocess.Popen[str] | None = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, env=env,
+        )
+
+    def __enter__(self) -> ProbeProcess:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the child if it is still there (never sent a request, or timed out)."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+    def run(self, request: ProbeRequest, timeout_s: float) -> tuple[ProbeResult | None, str]:
+        """(result, '') or (None, why it failed); see `run_probe`. Only one request per child."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            raise RuntimeError("a ProbeProcess runs one request")
+        payload = {
+            "request": asdict(request),
+            "result_path": str(self.result_path),
+            "logits_path": str(self.logits_path),
+            "error_path": str(self.error_path),
+        }
+        try:
+            _, stderr = proc.communicate(input=json.dumps(payload), timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            self.logits_path.unlink(missing_ok=True)
+            return None, f"llama.cpp did not load and run {self.label} within {timeout_s:g} s"
+        try:
+            if proc.returncode != 0 or not self.result_path.is_file():
+                self.logits_path.unlink(missing_ok=True)
+                return None, _failure(self.label, proc.returncode, stderr, self.error_path)
+            result = ProbeResult.load(self.result_path, self.label)
+        finally:
+            self.result_path.unlink(missing_ok=True)
+            self.error_path.unlink(missing_ok=True)
+        return result, ""
+
+
 def run_probe(
     request: ProbeRequest, workdir: Path, timeout_s: float, label: str = "model"
 ) -> tuple[ProbeResult | None, str]:
     """(result, '') or (None, why it failed). The text's logits are left at ``result.logits_path``;
     the caller deletes them. Nothing else stays in ``workdir``."""
-    result_path = workdir / f".probe-{label}.json"
-    logits_path = workdir / f".probe-{label}-logits.npy"
-    error_path = workdir / f".probe-{label}-error.json"
-    payload = {
-        "request": asdict(request),
-        "result_path": str(result_path),
-        "logits_path": str(logits_path),
-        "error_path": str(error_path),
-    }
-    # The child must import this same checkout even when it is not pip-installed.
-    root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    code = "from pipeline.stages.validate.probe import main; main()"
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", code],
-            input=json.dumps(payload),
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            env=env,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        logits_path.unlink(missing_ok=True)
-        return None, f"llama.cpp did not load and run {label} within {timeout_s:g} s"
-    try:
-        if proc.returncode != 0 or not result_path.is_file():
-            logits_path.unlink(missing_ok=True)
-            return None, _failure(label, proc.returncode, proc.stderr, error_path)
-        result = ProbeResult.load(result_path, label)
-    finally:
-        result_path.unlink(missing_ok=True)
-        error_path.unlink(missing_ok=True)
-    return result, ""
+    with ProbeProcess(workdir, label) as child:
+        return child.run(request, timeout_s)

@@ -53,7 +53,7 @@ from pipeline.stages.validate.judge import (
     source_answer_check,
 )
 from pipeline.stages.validate.params import DEFAULT_AGREEMENT_TEXT, Params, ValidationFailed, make_params
-from pipeline.stages.validate.probe import ProbeRequest, ProbeResult, run_probe
+from pipeline.stages.validate.probe import ProbeProcess, ProbeRequest, ProbeResult
 from pipeline.stages.validate.report import REPORT_NAME, ValidationReport
 
 if TYPE_CHECKING:
@@ -191,12 +191,14 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
     candidate: ProbeResult | None = None
     source: dict[str, Any] | None = None
     summary = None
-    try:
-        summary = inspect_gguf(item.path)
-    except IntegrityError as exc:
-        checks.append(Check("loads", "fail", f"the file's GGUF structure is broken: {exc}"))
+    with ProbeProcess(workdir, label="converted") as child:  # llama.cpp loads while the file is read back
+        try:
+            summary = inspect_gguf(item.path)
+        except IntegrityError as exc:
+            checks.append(Check("loads", "fail", f"the file's GGUF structure is broken: {exc}"))
+        if summary is not None:
+            candidate, why = child.run(_request(item.path, params), params.timeout_s)
     if summary is not None:
-        candidate, why = run_probe(_request(item.path, params), workdir, params.timeout_s, label="converted")
         if candidate is None:
             checks.append(Check("loads", "fail", why))
         else:
