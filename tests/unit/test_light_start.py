@@ -100,3 +100,11 @@ def test_a_type_without_a_kernel_warms_only_the_libraries() -> None:
     loaded = _loaded_after("import pipeline.orchestration.embedded as e\ne.warm_up('F16').join()\n",
                            ("torch", "pipeline.ternary._kernel_impl"))
     assert loaded == {"torch": True, "pipeline.ternary._kernel_impl": False}
+
+
+def test_calibrate_loads_torch_only_after_its_source_started_running() -> None:
+    # An embedded job warms torch in a background thread; calibrate's module must not wait for it
+    # before the source's llama.cpp child is on its way (torch builds the reference afterwards).
+    loaded = _loaded_after("import pipeline.stages.calibrate, pipeline.stages.calibrate.source_gguf\n",
+                           ("torch", "llama_cpp"))
+    assert loaded == {"torch": False, "llama_cpp": False}

@@ -30,11 +30,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipeline.calibration.reference import ReferenceBuilder, SourceReference, write_reference
 from pipeline.calibration.sequences import TokenSequences
 from pipeline.calibration.text import text_sha256
 from pipeline.core.errors import InputError, IntegrityError
@@ -52,6 +51,11 @@ from pipeline.stages.calibrate.answers import (
 from pipeline.stages.calibrate.params import Params, make_params
 from pipeline.stages.validate.probe import ProbeProcess, ProbeRequest, ProbeResult
 from pipeline.ternary.policy import LINEAR_KINDS
+
+if TYPE_CHECKING:
+    # torch-backed: imported after the source has started running, while a background warm-up
+    # may still be loading torch (an embedded job's calibrate never waits for it up front).
+    from pipeline.calibration.reference import ReferenceBuilder, SourceReference
 
 __all__ = ["NAME", "VERSION", "Params", "make_params", "run", "probe_request"]
 
@@ -95,6 +99,8 @@ def _source_path(card: ModelCard, download: Mapping[str, Path], workdir: Path) -
 
 def _empty_reference(n_vocab: int, params: Params) -> SourceReference:
     """A reference of no text (the agreement text option is empty and no statistics were asked)."""
+    from pipeline.calibration.reference import SourceReference
+
     none_i, none_f = np.zeros((0, 0), np.int32), np.zeros((0, 0), np.float32)
     return SourceReference(
         sequences=TokenSequences((), ()), n_vocab=n_vocab, top_k=params.top_k,
@@ -117,6 +123,7 @@ def _collect(
     """Run the source over the calibration text (and the agreement text, for the reference only)."""
     from pipeline.calibration.imatrix import Imatrix, write_imatrix
     from pipeline.calibration.llama_collect import collect_with_llama_cpp
+    from pipeline.calibration.reference import ReferenceBuilder
     from pipeline.calibration.sequences import tokenize_texts
     from pipeline.calibration.stats import NO_GRAM, ActivationStats
 
@@ -164,6 +171,8 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
             written_s = time.monotonic() - started
             request = probe_request(source, params, n_threads)
             probe, why = child.run(request, params.timeout_s)
+        from pipeline.calibration.reference import ReferenceBuilder, write_reference
+
         if probe is None:
             raise IntegrityError(f"the source does not run in llama.cpp, so nothing can be compared "
                                  f"with it: {why}")

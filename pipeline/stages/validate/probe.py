@@ -268,7 +268,9 @@ def main() -> None:
     """Child entry point: request JSON on stdin; result JSON (and logits) written where it says.
 
     On failure the child writes ``error_path`` (the exception's one line and llama.cpp's own
-    warning and error lines) and exits 2, so the parent never has to show a traceback.
+    warning and error lines) and exits 2, so the parent never has to show a traceback. Once the
+    result is written the child leaves at once: tearing down llama.cpp's model and the
+    interpreter would only make the parent wait (its files are closed by then).
     """
     import llama_cpp  # loaded before the request arrives: the parent may still be writing the file
 
@@ -283,6 +285,9 @@ def main() -> None:
         error = {"error": f"{type(exc).__name__}: {exc}"[:_MAX_LOG_LINE_CHARS], **log.document()}
         Path(request["error_path"]).write_text(json.dumps(error), encoding="utf-8")
         sys.exit(2)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _without_traceback(stderr: str) -> str:
