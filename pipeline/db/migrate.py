@@ -3,7 +3,9 @@
 Alembic (and the Mako and Pygments it loads, ~0.4 s) is imported only when a migration runs:
 `is_current` tells whether a database is already at the newest revision by reading the
 migration files' ``revision``/``down_revision`` lines and the ``alembic_version`` row, so a
-process that finds its schema current never loads it (issue 14).
+process that finds its schema current never loads it (issue 14). A new, empty database gets the
+models' tables and the scripts' head revision directly (`create_current`): the schema the
+migrations build, which the tests compare table by table, without loading Alembic at all.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ if TYPE_CHECKING:
     from alembic.config import Config
 
 __all__ = ["alembic_config", "upgrade", "downgrade", "schema_drift", "script_head", "current_revision",
-           "is_current"]
+           "is_current", "create_current"]
 
 _MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 _REVISION = re.compile(r"^revision\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]\s*$", re.MULTILINE)
@@ -107,3 +109,24 @@ def is_current(engine: Engine) -> bool:
 
         head = ScriptDirectory.from_config(alembic_config(str(engine.url))).get_current_head()
     return head is not None and current_revision(engine) == head
+
+
+def create_current(engine: Engine) -> bool:
+    """On an empty database: create the models' tables and stamp the scripts' newest revision.
+
+    Returns False, touching nothing, when the database has any table or the scripts' head cannot
+    be read without Alembic; the caller then migrates (`upgrade`).
+    """
+    from pipeline.db.models import Base
+
+    head = script_head()
+    if head is None:
+        return False
+    with engine.begin() as connection:
+        if inspect(connection).get_table_names():
+            return False
+        Base.metadata.create_all(connection)
+        connection.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL, "
+                                "CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num))"))
+        connection.execute(text("INSERT INTO alembic_version (version_num) VALUES (:head)"), {"head": head})
+    return True

@@ -81,7 +81,8 @@ def build_runtime(settings: Settings) -> Runtime:
     engine = engine_for(url)
     if url.startswith("sqlite"):
         settings.home.mkdir(parents=True, exist_ok=True)
-        if not migrate.is_current(engine):  # a new or older file: migrate (Alembic loads only then)
+        # A new file gets the current schema directly; an older one is migrated (Alembic loads only then).
+        if not migrate.is_current(engine) and not migrate.create_current(engine):
             migrate_database(settings)
     else:
         _require_current(engine)

@@ -56,11 +56,19 @@ def test_is_current_follows_the_stored_revision(tmp_path: Path) -> None:
         engine.dispose()
 
 
-def test_an_existing_home_starts_without_alembic_or_torch(tmp_path: Path) -> None:
+def test_a_home_starts_without_alembic_or_torch(tmp_path: Path) -> None:
     setup = ("import pipeline.orchestration.bootstrap as b, pipeline.core.settings as s\n"
              f"b.build_runtime(s.Settings(home={str(tmp_path)!r}))\n")
+    # A new home's SQLite file is created at the current schema (migrations: an older file only).
     first = _loaded_after(setup, ("alembic",))
-    assert first == {"alembic": True}, "a new home must be migrated"
+    assert first == {"alembic": False}
+    engine = make_engine(f"sqlite:///{tmp_path / 'bonsai.db'}")
+    try:
+        assert migrate.is_current(engine) and migrate.schema_drift(engine) == []
+        migrate.downgrade(engine, "-1")  # an older home: migrated up by Alembic
+        assert _loaded_after(setup, ("alembic",)) == {"alembic": True} and migrate.is_current(engine)
+    finally:
+        engine.dispose()
     heavy = ("alembic", "torch", "numba", "llama_cpp", "celery")
     again = _loaded_after(setup + "import pipeline.app.convert, pipeline.stages.decompose as d\n"
                           "from pipeline.stages.base import JobSpec\n"
