@@ -82,8 +82,9 @@ def _runtime_s(home: Path) -> tuple[float, float]:
 def _probe_child_s() -> float:
     """One validate probe child's start as run_probe starts it: interpreter, pipeline, llama_cpp."""
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import pipeline.stages.validate.probe, llama_cpp"], cwd=_ROOT,
-                   check=True, env={**os.environ, "PYTHONPATH": str(_ROOT)})
+    code = "import pipeline.stages.validate.probe_child, llama_cpp"
+    subprocess.run([sys.executable, "-c", code], cwd=_ROOT, check=True,
+                   env={**os.environ, "PYTHONPATH": str(_ROOT)})
     return time.perf_counter() - started
 
 

@@ -60,7 +60,6 @@ def warm_up(ternary_type: str | None = None) -> threading.Thread:
                 importlib.import_module(name)
             except Exception:  # noqa: BLE001 - the stage's own import reports a real failure
                 log.debug("warming %s failed; the stage will import it itself", name, exc_info=True)
-                return
         if ternary_type is not None:
             _load_kernel(ternary_type)
 
