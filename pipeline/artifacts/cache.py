@@ -104,6 +104,10 @@ class LocalCache:
         try:
             stat = os.stat(source)
             if stat.st_nlink == 1 and stat.st_dev == os.stat(self.root).st_dev:
+                # Stages do not flush their work files (the store does): a hit is trusted without
+                # re-hashing, so the entry's bytes must be on disk before it is entered.
+                with open(source, "rb") as handle:
+                    os.fsync(handle.fileno())
                 tmp.unlink()
                 os.link(source, tmp)
             else:

@@ -34,7 +34,9 @@ class ArtifactStore(Protocol):
     def put(self, source: Path, expected_sha256: str | None = None) -> StoredArtifact:
         """Store the file at `source`; raise IntegrityError if it does not hash to `expected_sha256`.
 
-        The source file is left in place. Concurrent puts of the same bytes are safe.
+        The source file is left in place. Concurrent puts of the same bytes are safe. What put
+        returns is durable (flushed to disk, or held by the bucket), so stages write their work
+        files without flushing them.
         """
         ...
 

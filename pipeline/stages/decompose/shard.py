@@ -176,7 +176,8 @@ def write_kept_part(final: Path, planned: list[Any], decisions: Mapping[str, Ten
     gives each planned tensor's bytes in its decided type. Checked like a streamed part."""
     index = _plan_index(planned, decisions)
     final.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(final) as partial, open(partial, "wb") as handle:
+    # Not flushed here: the store flushes what it keeps (a work folder dies with its attempt).
+    with atomic_path(final, durable=False) as partial, open(partial, "wb") as handle:
         handle.write(index.header_bytes())
         for entry in index.entries:
             _write_tensor(handle, entry.gguf_name, fetch(entry.gguf_name, decisions[entry.gguf_name]),
@@ -205,7 +206,8 @@ def decompose_shard(
     rows: list[TensorReport] = []
     # One buffer for every ternary tensor's bytes: the stream allocates nothing per tensor.
     out = np.empty(max((e.n_bytes for e in ternary), default=0), np.uint8)
-    with atomic_path(final) as partial, open(partial, "wb") as handle:
+    # Not flushed here: the store flushes what it keeps (a work folder dies with its attempt).
+    with atomic_path(final, durable=False) as partial, open(partial, "wb") as handle:
         handle.write(index.header_bytes())
         stream = source.iter_tensors(card, files, shard, **stream_options(source))
         stored = _ternary_source_tensors(card, files, shard, decisions)

@@ -77,7 +77,8 @@ def package_gguf_source(
         for t in ordered
     ]
     dest = workdir / OUTPUT_NAME
-    written = write_gguf(dest, card.architecture, meta, to_write)
+    # Not flushed here: the store flushes what it keeps (a work folder dies with its attempt).
+    written = write_gguf(dest, card.architecture, meta, to_write, durable=False)
     summary = inspect_gguf(dest, {t.name: (t.ggml_type, t.shape) for t in to_write})
     verify_bytes(dest, ordered)
     _verify_metadata(dest, copied)

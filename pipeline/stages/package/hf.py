@@ -81,7 +81,8 @@ def package_hf_source(
     ]
     to_write += _generated_tensors(config)
     dest = workdir / OUTPUT_NAME
-    written = write_gguf(dest, arch, meta, to_write)
+    # Not flushed here: the store flushes what it keeps (a work folder dies with its attempt).
+    written = write_gguf(dest, arch, meta, to_write, durable=False)
     summary = inspect_gguf(dest, {t.name: (t.ggml_type, t.shape) for t in to_write})
     verify_bytes(dest, ordered)
     log.info("package: wrote %s (%d bytes, %d tensors, %.3f bpw)", dest.name, written.size_bytes,
