@@ -1,11 +1,14 @@
 """Bounded-memory file I/O for tensors: read exactly one tensor's bytes, copy byte ranges between files.
 
 Memory-mapping a whole shard makes every page a tensor touches count in the process's memory
-until the map closes, so a 4 GB shard costs 4 GB of RSS by its end. Here each tensor is read
-with ``pread`` into a buffer that is reused for the next one, so memory stays at a few
-tensors whatever the model size (and fresh pages, which cost ~1 ms per MB to fault in on some
-virtual machines, are not needed again and again). Byte ranges are copied file to file with
-``os.copy_file_range`` (in the kernel, no user-space buffer).
+until the map closes, so a 4 GB shard costs 4 GB of RSS by its end. Here each tensor stored in
+row order is mapped on its own (private, copy-on-write: a write never reaches the file), and
+the mapping goes when the last view of it does, so memory stays at a few tensors whatever the
+model size; its bytes are read straight from the page cache, with no copy (1 GB: 0.04 s
+against 0.2-0.3 s for ``pread`` into a buffer here). Tensors read in another row order are read
+with ``pread`` into a buffer that is reused for the next one (fresh pages, which cost ~1 ms per
+MB to fault in on some virtual machines, are not needed again and again). Byte ranges are
+copied file to file with ``os.copy_file_range`` (in the kernel, no user-space buffer).
 
 Headers are read and validated by the one safetensors header reader (`formats.safetensors`).
 """
@@ -13,6 +16,7 @@ Headers are read and validated by the one safetensors header reader (`formats.sa
 from __future__ import annotations
 
 import functools
+import mmap
 import os
 import sys
 from collections.abc import Sequence
@@ -118,10 +122,11 @@ class ReusableBuffers:
 
 
 class SafetensorsReader:
-    """Reads one safetensors file tensor by tensor into reused buffers; use as a context manager.
+    """Reads one safetensors file tensor by tensor; use as a context manager.
 
-    `tensor` returns a torch tensor backed by a `ReusableBuffers` buffer: it stays valid for as
-    long as the caller keeps it (or any view of it), and its memory is reused only after that.
+    `tensor` returns a torch tensor backed by a mapping of the file (or, for a row permutation or
+    a conversion, by a `ReusableBuffers` buffer): it stays valid for as long as the caller keeps
+    it (or any view of it), and its memory is unmapped or reused only after that.
     """
 
     STORED_FLOATS = ("BF16", "F16", "F32")  # dtypes `tensor` can hand out as stored
@@ -154,11 +159,12 @@ class SafetensorsReader:
         n = int(np.prod(entry.shape, dtype=np.int64))
         dtype = _torch_dtype(entry.dtype)
         keep = entry.dtype == "F32" or (as_stored and entry.dtype in self.STORED_FLOATS)
-        raw = (self._stored if keep else self._scratch).get(entry.size_bytes)
         if n and row_order is None:
-            pread_exact(self._fd, raw.data, entry.begin)
-        elif n:
-            self._read_permuted(entry, raw, np.asarray(row_order, dtype=np.int64))
+            raw = self._mapped(entry)
+        else:
+            raw = (self._stored if keep else self._scratch).get(entry.size_bytes)
+            if n:
+                self._read_permuted(entry, raw, np.asarray(row_order, dtype=np.int64))
         stored = (
             torch.frombuffer(raw, dtype=dtype).view(entry.shape)
             if n
@@ -172,6 +178,17 @@ class SafetensorsReader:
     def float32(self, name: str, row_order: Any = None) -> Any:
         """`tensor` as float32."""
         return self.tensor(name, row_order)
+
+    def _mapped(self, entry: TensorInfo) -> npt.NDArray[np.uint8]:
+        """The tensor's stored bytes as a private mapping of the file, unmapped with its last view."""
+        start = entry.begin - entry.begin % mmap.ALLOCATIONGRANULARITY
+        length = entry.begin + entry.size_bytes - start
+        if os.fstat(self._fd).st_size < start + length:
+            raise IntegrityError(f"{self.path.name}: file ended before tensor {entry.name!r} "
+                                 f"(bytes {entry.begin}..{entry.begin + entry.size_bytes})")
+        mapped = mmap.mmap(self._fd, length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE,
+                           offset=start)
+        return np.frombuffer(mapped, np.uint8, count=entry.size_bytes, offset=entry.begin - start)
 
     def _read_permuted(self, entry: TensorInfo, raw: npt.NDArray[np.uint8], order: Any) -> None:
         rows = entry.shape[0]

@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -135,6 +136,14 @@ def _skips_output_head(spec: ArchSpec, config: Mapping[str, Any], hf_name: str) 
     )
 
 
+@functools.lru_cache(maxsize=8)
+def _tensor_name_map(arch: Any, n_blocks: int) -> Any:
+    """gguf's HF -> GGUF name map, built once per architecture and depth: building it takes ~40 ms
+    for 24 blocks, and a job plans the same checkpoint several times (decompose, each shard's
+    stream, package, calibrate's source GGUF). Only read from, so one instance serves them all."""
+    return gguf.get_tensor_name_map(arch, n_blocks)
+
+
 def tensor_plan(card: ModelCard) -> list[PlannedTensor]:
     """Map every tensor of the card to its GGUF name, in card order; reads no tensor data.
 
@@ -146,7 +155,7 @@ def tensor_plan(card: ModelCard) -> list[PlannedTensor]:
     config = card.config
     _check_config(spec, config)
     n_blocks = _config_int(config, "num_hidden_layers")
-    name_map = gguf.get_tensor_name_map(spec.gguf_arch, n_blocks)
+    name_map = _tensor_name_map(spec.gguf_arch, n_blocks)
     shards = set(card.shards)
     planned: list[PlannedTensor] = []
     seen: dict[str, str] = {}
