@@ -25,6 +25,7 @@ from pathlib import Path
 from pipeline.artifacts.activity import current_activity
 from pipeline.artifacts.store import check_digest
 from pipeline.core.errors import IntegrityError
+from pipeline.core.files import commit_file
 
 __all__ = ["LocalCache"]
 
@@ -104,10 +105,6 @@ class LocalCache:
         try:
             stat = os.stat(source)
             if stat.st_nlink == 1 and stat.st_dev == os.stat(self.root).st_dev:
-                # Stages do not flush their work files (the store does): a hit is trusted without
-                # re-hashing, so the entry's bytes must be on disk before it is entered.
-                with open(source, "rb") as handle:
-                    os.fsync(handle.fileno())
                 tmp.unlink()
                 os.link(source, tmp)
             else:
@@ -123,7 +120,9 @@ class LocalCache:
         final.parent.mkdir(parents=True, exist_ok=True)
         if not final.exists():
             os.chmod(tmp, 0o444)
-            os.replace(tmp, final)
+            # A hit is handed out without re-hashing, so the bytes must be on disk before the name
+            # is: neither a download nor a stage's work file (stages do not flush) is yet.
+            commit_file(tmp, final)
         path = self.lookup(sha256)
         self.evict(keep=final)
         return path or final
