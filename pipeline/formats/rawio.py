@@ -186,7 +186,7 @@ class SafetensorsReader:
             raise ValueError(f"row order for a {rows}-row tensor is not a permutation of its rows")
         row_bytes = entry.size_bytes // rows
         stored = self._mapped(entry).reshape(rows, row_bytes)
-        np.take(stored, order, axis=0, out=raw[: entry.size_bytes].reshape(rows, row_bytes))
+        np.take(stored, order, axis=0, out=raw.reshape(rows, row_bytes))
 
 
 @functools.cache
