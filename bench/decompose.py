@@ -422,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown layouts {unknown}; expected some of {', '.join(LAYOUTS)}")
     load_before = os.getloadavg()
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)  # a folder not made yet is made
     root = Path(tempfile.mkdtemp(prefix="bench-decompose-", dir=args.workdir))
     try:
         first = _bench_size(sizes[0], root, layouts, args.repeat)

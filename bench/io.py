@@ -93,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args(argv)
     load_before = os.getloadavg()
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)  # a folder not made yet is made
     root = Path(tempfile.mkdtemp(prefix="bench-io-", dir=args.workdir))
     times: dict[str, list[float]] = {"ours": [], "elsewhere": [], "cp": [], "sha256sum": []}
     cpu: dict[str, list[float]] = {"ours": [], "elsewhere": [], "reference": []}

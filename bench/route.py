@@ -277,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     tree = locate_llama_cpp_tree()
     load_before = os.getloadavg()
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)  # a folder not made yet is made
     root = Path(tempfile.mkdtemp(prefix="bench-route-", dir=args.workdir))
     try:
         ckpt, n_params = build_checkpoint(root / "ckpt")
