@@ -48,7 +48,9 @@ class EventLog:
         return [event for event in self.events if event.get("type") == kind]
 
     def workers(self) -> set[str]:
-        return {str(event.get("hostname")) for kind in ("worker-online", "worker-heartbeat") for event in self.of(kind)}
+        """Hostnames of the workers that announced themselves (online, or a heartbeat)."""
+        announced = self.of("worker-online") + self.of("worker-heartbeat")
+        return {str(event.get("hostname")) for event in announced}
 
     def close(self) -> None:
         self._receiver.should_stop = True
