@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from pipeline.app.terminal import printable
 from pipeline.core.states import StageName, StageState
 from pipeline.db import repo
 from pipeline.db.models import StageRun
@@ -58,8 +59,8 @@ def print_logs(entries: list[dict[str, Any]], echo: Callable[[str], None] = prin
         elif not entry["lines"] and entry["status"] == StageState.RUNNING.value:
             echo("   running: its lines are kept when the attempt ends")
         for line in entry["lines"]:
-            echo(f"   {line}")
+            echo(f"   {printable(line)}")
         for warning in entry["warnings"]:
-            echo(f"   warning: {warning}")
+            echo(f"   warning: {printable(warning)}")
         if entry["error_message"]:
-            echo(f"   error: {entry['error_message']}")
+            echo(f"   error: {printable(entry['error_message'])}")

@@ -13,6 +13,7 @@ from typing import Any
 from rich.console import Console
 
 from pipeline.app import outputs, views
+from pipeline.app.terminal import markup_safe as safe
 from pipeline.core.states import JobState, StageName, StageState
 from pipeline.db import repo
 from pipeline.db.session import session_scope
@@ -45,9 +46,9 @@ def convert_source(
         policy = SourcePolicy.from_roots(rt.source_roots, allow_any_local=True)
         (job_id,) = create_jobs(session, [request], "cli:convert", policy)
     console = Console(stderr=as_json, soft_wrap=True)
-    console.print(f"job [bold]{job_id}[/bold]: converting {source} with recipe {request.recipe}")
+    console.print(f"job [bold]{job_id}[/bold]: converting {safe(source)} with recipe {request.recipe}")
     for warning in request.warnings:
-        console.print(f"  [yellow]warning[/yellow] {warning}", highlight=False)
+        console.print(f"  [yellow]warning[/yellow] {safe(warning)}", highlight=False)
     return run_and_report(rt, job_id, as_json, out, command)
 
 
@@ -98,7 +99,7 @@ def run_and_report(rt: Runtime, job_id: int, as_json: bool, out: outputs.OutputP
         took = f" in {event.duration_s:.2f}s" if event.duration_s is not None else ""
         console.print(f"  {event.stage.value:<10} {_MARKS.get(event.state, event.state.value)}{took}")
         if event.message:
-            console.print(f"    [red]{event.message}[/red]", highlight=False)
+            console.print(f"    [red]{safe(event.message)}[/red]", highlight=False)
 
     try:
         final = run_job(rt, job_id, on_event)
@@ -123,7 +124,7 @@ def _print_summary(console: Console, detail: dict[str, Any], written: Path | Non
                    out: outputs.OutputPlan | None, command: str) -> None:
     job_id = detail["id"]
     if detail["status"] != JobState.SUCCEEDED.value:
-        console.print(f"[red]job {job_id} {detail['status']}[/red]: {detail['error_message']}",
+        console.print(f"[red]job {job_id} {detail['status']}[/red]: {safe(detail['error_message'])}",
                       highlight=False)
         if outputs.validation_failed(detail):
             stored = detail["gguf"].get("path") or detail["gguf"]["uri"]
@@ -145,7 +146,7 @@ def _print_summary(console: Console, detail: dict[str, Any], written: Path | Non
     if sparsity is not None:
         console.print(f"  sparsity  {sparsity:.1%} of ternary weights are zero")
     text, verdict = validation.get("text"), validation.get("verdict")
-    console.print(f"  1+1=      {text!r}  (verdict: {verdict})", highlight=False)
+    console.print(f"  1+1=      {safe(repr(text))}  (verdict: {verdict})", highlight=False)
     for warning in detail.get("warnings") or ():
-        console.print(f"  [yellow]warning[/yellow] {warning}", highlight=False)
+        console.print(f"  [yellow]warning[/yellow] {safe(warning)}", highlight=False)
     console.print(f"  the job:  {command} show {job_id}", highlight=False)

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from pipeline.app import views
 from pipeline.app.outputs import validation_failed
+from pipeline.app.terminal import markup_safe as safe
 from pipeline.db import repo
 from pipeline.db.session import session_scope
 from pipeline.orchestration.runtime import Runtime
@@ -32,7 +33,8 @@ def _jobs_table(rows: list[dict[str, Any]]) -> Table:
         done = int(row["progress"] * 20)
         bar = "█" * done + "·" * (20 - done)
         table.add_row(str(row["id"]), row["status"], f"{bar} {row['progress']:.0%}",
-                      row["current_stage"] or "-", row["recipe"], str(row["priority"]), row["source"])
+                      row["current_stage"] or "-", safe(row["recipe"]), str(row["priority"]),
+                      safe(row["source"]))
     return table
 
 
@@ -51,23 +53,26 @@ def print_job(rt: Runtime, job_id: int, as_json: bool) -> None:
         _dump(detail)
         return
     console = Console()
-    console.print(f"job {detail['id']}  {detail['status']}  {detail['source']}  recipe {detail['recipe']}")
+    console.print(f"job {detail['id']}  {detail['status']}  {safe(detail['source'])}  "
+                  f"recipe {safe(detail['recipe'])}", highlight=False)
     if detail["error_message"]:
-        console.print(f"[red]{detail['error_message']}[/red]", highlight=False)
+        console.print(f"[red]{safe(detail['error_message'])}[/red]", highlight=False)
     for warning in detail.get("warnings") or ():
-        console.print(f"[yellow]warning[/yellow] {warning}", highlight=False)
-    table = Table("stage", "attempt", "status", "took", "device", "outputs")
+        console.print(f"[yellow]warning[/yellow] {safe(warning)}", highlight=False)
+    table = Table("stage", "attempt", "status", "took", "device", "asked by", "outputs")
     for run in detail["stages"]:
         took = f"{run['duration_s']:.2f}s" if run["duration_s"] is not None else "-"
         outputs = ", ".join(f"{o['name']} {o['sha256'][:12]}" for o in run["outputs"][:3])
         if len(run["outputs"]) > 3:
             outputs += f" (+{len(run['outputs']) - 3} more)"
-        table.add_row(run["stage"], str(run["attempt"]), run["status"], took, run["device"] or "-", outputs)
+        table.add_row(run["stage"], str(run["attempt"]), run["status"], took, safe(run["device"] or "-"),
+                      safe(run["requested_by"] or "-"), safe(outputs))
     console.print(table)
     if detail["validation"]:
         validation = detail["validation"]
-        console.print(f"validation: {validation.get('verdict')}  text={validation.get('text')!r}")
+        console.print(f"validation: {validation.get('verdict')}  text={safe(repr(validation.get('text')))}",
+                      highlight=False)
     if validation_failed(detail):
         where = detail["gguf"].get("path") or detail["gguf"]["uri"]
-        console.print(f"the packaged GGUF is at {where}; to take it anyway: "
+        console.print(f"the packaged GGUF is at {safe(where)}; to take it anyway: "
                       f"bonsai export {detail['id']} --out PATH --force", highlight=False, soft_wrap=True)

@@ -80,6 +80,7 @@ def run_view(run: StageRun, store: ArtifactStore | None = None) -> dict[str, Any
         "device": run.device,
         "cache_key": run.cache_key,
         "cached_from_id": run.cached_from_id,
+        "requested_by": run.requested_by,
         "error_kind": run.error_kind,
         "error_message": run.error_message,
         "metrics": run.metrics,

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline.app import views
+from pipeline.app.terminal import markup_safe, printable
 from pipeline.core.states import JobState, StageName, StageState
 from pipeline.db import repo
 from pipeline.db.models import Job
@@ -47,7 +48,7 @@ class JobLine:
         where = f" {self.stage} (attempt {self.attempt})" if self.stage and self.attempt else ""
         extra = f", {self.retries} retried" if self.retries else ""
         extra += f", {self.cached} from cache" if self.cached else ""
-        return f"job {self.job_id} {self.status}{where} {self.progress:.0%}{extra}  {self.source}"
+        return f"job {self.job_id} {self.status}{where} {self.progress:.0%}{extra}  {printable(self.source)}"
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ def _table(snapshot: Snapshot) -> Table:
         done = int(line.progress * 20)
         bar = "█" * done + "·" * (20 - done)
         table.add_row(str(line.job_id), line.status, f"{bar} {line.progress:.0%}", line.stage or "-",
-                      str(line.attempt or "-"), str(line.retries), str(line.cached), line.source)
+                      str(line.attempt or "-"), str(line.retries), str(line.cached), markup_safe(line.source))
     if snapshot.warnings():
         table.caption = "\n".join(snapshot.warnings())
     return table

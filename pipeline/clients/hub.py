@@ -19,24 +19,18 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
 import json
-import re
 import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from pipeline.clients.hub_refs import is_commit_sha, repo_id_fault, revision_fault
 from pipeline.core.errors import InputError, TransientError, UnreachableError
 
 __all__ = ["HubClient", "HubFile", "HfHubClient", "is_commit_sha"]
-
-_COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
-
-
-def is_commit_sha(revision: str) -> bool:
-    """True for a full 40-character lowercase hex commit sha (the only pin that cannot move)."""
-    return bool(_COMMIT_SHA.fullmatch(revision))
 
 
 @dataclass(frozen=True)
@@ -87,10 +81,23 @@ class HfHubClient:
         cache_dir: str | Path | None = None,
         token: str | bool | None = None,
         is_offline: bool | None = None,
+        token_repos: Sequence[str] | None = None,
     ) -> None:
         self._cache_dir = str(cache_dir) if cache_dir is not None else None
         self._token = token
         self._is_offline = is_offline
+        self._token_repos = None if token_repos is None else tuple(p.lower() for p in token_repos)
+
+    def _token_for(self, repo_id: str) -> str | bool | None:
+        """The credential sent for ``repo_id``: with an allow-list (``token_repos``: orgs or repo globs),
+        the token only for the repos it names and ``False`` (anonymous, not even a saved login) for the
+        rest, so one submitter cannot borrow the operator's access to a private or gated repo."""
+        if self._token_repos is None:
+            return self._token
+        lowered = repo_id.lower()
+        org = lowered.split("/", 1)[0]
+        named = any(fnmatch.fnmatchcase(lowered, p) if "/" in p else org == p for p in self._token_repos)
+        return self._token if named else False
 
     def _offline(self) -> bool:
         if self._is_offline is not None:
@@ -103,19 +110,22 @@ class HfHubClient:
         """See `HubClient.resolve_revision`; raises InputError or TransientError."""
         from huggingface_hub import HfApi
 
+        _check_names(repo_id, revision)
         with self._translate(repo_id, revision):
-            resolved = HfApi(token=self._token).resolve_revision(
+            token = self._token_for(repo_id)
+            resolved = HfApi(token=token).resolve_revision(
                 repo_id,
                 revision=revision,
                 cache_dir=self._cache_dir,
                 local_files_only=self._offline(),
-                token=self._token,
+                token=token,
             )
         sha = str(resolved.resolved).strip()
         if not is_commit_sha(sha):
+            # What was read is never echoed: it came from a file or an answer, not from the user.
             raise InputError(
-                f"hub repo {repo_id!r}: revision {revision or 'main'!r} resolved to {sha!r}, "
-                "which is not a 40-character commit sha; refusing to pin to it"
+                f"hub repo {repo_id!r}: revision {revision or 'main'!r} resolved to something other "
+                "than a 40-character commit sha; refusing to pin to it"
             )
         return sha
 
@@ -135,8 +145,9 @@ class HfHubClient:
 
         try:
             with self._translate(repo_id, commit_sha):
-                entries = HfApi(token=self._token).list_repo_tree(
-                    repo_id, recursive=True, revision=commit_sha, token=self._token
+                token = self._token_for(repo_id)
+                entries = HfApi(token=token).list_repo_tree(
+                    repo_id, recursive=True, revision=commit_sha, token=token
                 )
                 files = [
                     HubFile(
@@ -162,7 +173,7 @@ class HfHubClient:
                 repo_id,
                 revision=commit_sha,
                 cache_dir=self._cache_dir,
-                token=self._token,
+                token=self._token_for(repo_id),
                 local_files_only=self._offline(),
                 allow_patterns=list(allow_patterns) if allow_patterns is not None else None,
                 library_name="bonsai-pipeline",
@@ -209,19 +220,21 @@ class HfHubClient:
             ) from exc
         except hf_errors.GatedRepoError as exc:
             raise InputError(
-                f"{where}: the repo is gated; accept its terms on the hub and provide a token (HF_TOKEN)"
+                f"{where}: the repo is gated; accept its terms on the hub and provide a token "
+                "(BONSAI_HF_TOKEN, with the repo or its org listed in BONSAI_HUB_TOKEN_REPOS)"
             ) from exc
         except hf_errors.RepositoryNotFoundError as exc:
             raise InputError(
-                f"{where}: no such repo on the hub (or it is private and no valid token was given)"
+                f"{where}: no such repo on the hub (or it is private and no valid token was sent for it: "
+                "BONSAI_HF_TOKEN, with the repo or its org listed in BONSAI_HUB_TOKEN_REPOS)"
             ) from exc
         except hf_errors.HFValidationError as exc:
-            raise InputError(f"{where}: not a valid hub repo id or revision ({exc})") from exc
+            raise InputError(f"{where}: not a valid hub repo id or revision") from exc
         except hf_errors.HfHubHTTPError as exc:
             status = exc.response.status_code if exc.response is not None else 0
             if status >= 500 or status in (408, 429):
                 raise TransientError(f"{where}: the hub answered HTTP {status}; retry later") from exc
-            raise InputError(f"{where}: the hub refused the request with HTTP {status}: {exc}") from exc
+            raise InputError(f"{where}: the hub refused the request with HTTP {status}") from exc
         except (
             hf_errors.LocalEntryNotFoundError,
             hf_errors.RevisionResolutionError,
@@ -261,6 +274,15 @@ class HfHubClient:
             f"{where}: the hub at {constants.ENDPOINT} cannot be reached ({_reason(cause or exc)}) and the "
             f"local hub cache holds no copy; {_fixes(repo_id, self._cache_label())}"
         )
+
+
+def _check_names(repo_id: str, revision: str | None) -> None:
+    """InputError unless both are what `hub_refs` allows: only such names reach huggingface_hub,
+    which makes cache paths of them (a job recorded before the grammar existed is checked here too)."""
+    fault = repo_id_fault(repo_id) or (revision_fault(revision) if revision is not None else None)
+    if fault is not None:
+        raise InputError(f"hub repo id or revision refused: {fault}; "
+                         "give 'org/name@<branch, tag or commit sha>'")
 
 
 def _fixes(repo_id: str, cache: str, *, offline: bool = False) -> str:

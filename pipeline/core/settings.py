@@ -73,6 +73,13 @@ class Settings(BaseSettings):
     # Folders local sources must resolve into (os.pathsep- or comma-separated). Empty: the API
     # accepts hub ids only, and the CLI any path its user can read.
     source_roots: str = ""
+    # Where the API may publish bundles: folders (os.pathsep- or comma-separated) and s3://bucket/prefix
+    # locations (comma-separated). Neither set: the API refuses publish (the CLI writes where its user can).
+    publish_roots: str = ""
+    publish_buckets: str = ""
+    # Hub repos the server's Hugging Face token is sent for: orgs ("acme") or repo globs ("acme/llama-*"),
+    # comma-separated. Every other hub source is fetched anonymously.
+    hub_token_repos: str = ""
     # Ed25519 private key (PEM) that signs provenance statements; unset means statements stay unsigned.
     signing_key: Path | None = None
     # Ed25519 public key (PEM) that `bonsai audit` checks signatures with; unset means the signing key's.
@@ -117,6 +124,22 @@ class Settings(BaseSettings):
         """`source_roots` split into folder names."""
         parts = self.source_roots.replace(",", os.pathsep).split(os.pathsep)
         return tuple(part.strip() for part in parts if part.strip())
+
+    @property
+    def publish_root_list(self) -> tuple[str, ...]:
+        """`publish_roots` split into folder names."""
+        parts = self.publish_roots.replace(",", os.pathsep).split(os.pathsep)
+        return tuple(part.strip() for part in parts if part.strip())
+
+    @property
+    def publish_bucket_list(self) -> tuple[str, ...]:
+        """`publish_buckets` split into s3:// locations."""
+        return tuple(part.strip() for part in self.publish_buckets.split(",") if part.strip())
+
+    @property
+    def hub_token_repo_list(self) -> tuple[str, ...]:
+        """`hub_token_repos` split into orgs and repo globs."""
+        return tuple(part.strip() for part in self.hub_token_repos.split(",") if part.strip())
 
     @property
     def is_embedded(self) -> bool:

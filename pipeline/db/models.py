@@ -91,6 +91,8 @@ class StageRun(Base):
     retry_of_id: Mapped[int | None] = mapped_column(ForeignKey("stage_runs.id"), unique=True)
     # Set by `retry --force`: this attempt must not reuse a cached result.
     is_forced: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Who asked for this attempt by hand (`retry`: "api:<token name>", "cli"); None: the job's own course.
+    requested_by: Mapped[str | None] = mapped_column(String(256))
     error_kind: Mapped[str | None] = mapped_column(String(16))
     error_message: Mapped[str | None] = mapped_column(Text)
     error_traceback: Mapped[str | None] = mapped_column(Text)

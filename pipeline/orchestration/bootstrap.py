@@ -94,7 +94,8 @@ def build_runtime(settings: Settings) -> Runtime:
         work_root=settings.resolved_work_root,
         # The download stage checks local sources against the allowed folders again when it runs.
         clients={
-            "hub": HfHubClient(token=settings.hf_token),
+            # The server's token goes only to the repos the operator lists; the rest are fetched anonymously.
+            "hub": HfHubClient(token=settings.hf_token, token_repos=settings.hub_token_repo_list),
             "source_policy": SourcePolicy.from_roots(settings.source_root_list, allow_any_local=True),
         },
         source_roots=settings.source_root_list,

@@ -19,7 +19,7 @@ from pipeline.db import repo
 from pipeline.orchestration import coordinator
 from pipeline.provenance.statements import redact
 from pipeline.stages.base import JobSpec
-from pipeline.stages.sources import SourcePolicy
+from pipeline.stages.sources import SourcePolicy, escaped
 from pipeline.ternary.options import check_job_input
 
 __all__ = ["JobRequest", "read_manifest", "check_request", "create_jobs", "retry_job", "cancel_job"]
@@ -118,6 +118,10 @@ def _manifest_entry(path: Path, index: int, item: Any, recipe: str | None, prior
         raise InputError(f"manifest {path}, entry {index}: {exc}") from exc
 
 
+# Bounds on what a submitter may store: priorities fit the database's integer column with room to
+# spare, and options (the calibration text is the large one, at most 1 MiB) stay a small row.
+PRIORITY_MIN, PRIORITY_MAX = -1_000_000, 1_000_000
+_MAX_OPTIONS_BYTES = 2 << 20
 _MAX_OPTION_NODES = 10_000
 _OPTION_SCALARS = (str, int, float, bool, type(None))
 
@@ -150,10 +154,20 @@ def check_request(request: JobRequest) -> JobRequest:
 
     Options that look like secrets are refused: job options are stored and shown to every reader.
     """
-    _check_options(request.options, f"job for {request.source[:200]}")
+    where = f"job for {escaped(request.source)}"
+    _check_options(request.options, where)
+    if isinstance(request.priority, bool) or not isinstance(request.priority, int) or not (
+            PRIORITY_MIN <= request.priority <= PRIORITY_MAX):
+        raise InputError(f"{where}: priority {_SHORT.repr(request.priority)} must be an integer from "
+                         f"{PRIORITY_MIN} to {PRIORITY_MAX}")
+    size = len(json.dumps(request.options, ensure_ascii=False).encode("utf-8"))
+    if size > _MAX_OPTIONS_BYTES:
+        raise InputError(f"{where}: options take {size} bytes as JSON, over the limit of "
+                         f"{_MAX_OPTIONS_BYTES}; "
+                         "pass a shorter calibration text or fewer options")
     if redact(request.options) != dict(request.options):
         raise InputError(
-            f"job for {request.source}: options must not carry secrets (token, password…); "
+            f"{where}: options must not carry secrets (token, password…); "
             "the Hugging Face token belongs in BONSAI_HF_TOKEN on the workers"
         )
     checked = check_job_input(request.recipe, request.options)
@@ -181,10 +195,12 @@ def create_jobs(
     ]
 
 
-def retry_job(session: Session, job_id: int, from_stage: StageName | None, force: bool) -> list[int]:
+def retry_job(session: Session, job_id: int, from_stage: StageName | None, force: bool,
+              requested_by: str | None = None) -> list[int]:
     """New pending attempts for `from_stage` and every stage after it; earlier attempts stay.
 
-    Returns the new run ids. Refuses while the job has an attempt queued or running.
+    Returns the new run ids; each records `requested_by` (who asked). Refuses while the job has an
+    attempt queued or running.
     """
     job = repo.get_job(session, job_id)
     latest = repo.latest_runs(session, job_id)
@@ -206,14 +222,16 @@ def retry_job(session: Session, job_id: int, from_stage: StageName | None, force
     for stage in stages:
         run = repo.new_attempt(session, job, stage)
         run.is_forced = force
+        run.requested_by = requested_by
         run_ids.append(run.id)
     if JobState(job.status) is not JobState.RUNNING:
         repo.set_job_state(session, job, JobState.RUNNING)
     return run_ids
 
 
-def cancel_job(session: Session, job_id: int) -> list[str]:
-    """Cancel the job and its unfinished attempts; returns task ids of attempts to revoke."""
+def cancel_job(session: Session, job_id: int, cancelled_by: str = "user") -> list[str]:
+    """Cancel the job and its unfinished attempts; returns task ids of attempts to revoke.
+    The job's message names `cancelled_by`."""
     job = repo.get_job(session, job_id)
     if JobState(job.status).is_final:
         raise InputError(f"job {job_id} is already {job.status}; nothing to cancel")
@@ -223,5 +241,5 @@ def cancel_job(session: Session, job_id: int) -> list[str]:
             if run.task_id:
                 revoke.append(run.task_id)
             repo.set_stage_state(session, run, StageState.CANCELLED)
-    repo.set_job_state(session, job, JobState.CANCELLED, error_message="cancelled by user")
+    repo.set_job_state(session, job, JobState.CANCELLED, error_message=f"cancelled by {cancelled_by}")
     return revoke

@@ -75,10 +75,7 @@ def build_bundle(facts: JobFacts, gguf_path: Path, dest: Path, *, split_max_byte
             f"job {facts.job_id}: validation {facts.validation_verdict}; publishing it anyway needs --force "
             "(the model card will say it failed)"
         )
-    dest = Path(dest)
-    if dest.exists() and any(dest.iterdir()):
-        raise InputError(f"{dest} is not empty; publish into a new folder (bundles are never overwritten)")
-    dest.mkdir(parents=True, exist_ok=True)
+    dest = _new_folder(Path(dest))
     stem = bundle_stem(facts)
     gguf_sha256 = _sha256(gguf_path)
     is_split = split_max_bytes is not None and gguf_path.stat().st_size > split_max_bytes
@@ -91,24 +88,52 @@ def build_bundle(facts: JobFacts, gguf_path: Path, dest: Path, *, split_max_byte
     provenance = dest / PROVENANCE_NAME
     lines = [json.dumps(item, sort_keys=True, separators=(",", ":")) for item in [*facts.statements,
                                                                                   *facts.envelopes]]
-    provenance.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    _create(provenance, "".join(f"{line}\n" for line in lines))
     files = {path.name: _sha256(path) for path in [*ggufs, provenance]}
     card_files = [CardFile(p.name, p.stat().st_size, files[p.name]) for p in ggufs]
     card = render_card(facts, summarise_gguf(gguf_path), card_files, gguf_sha256, files[PROVENANCE_NAME],
                        is_forced)
-    (dest / CARD_NAME).write_text(card, encoding="utf-8")
+    _create(dest / CARD_NAME, card)
     files[CARD_NAME] = _sha256(dest / CARD_NAME)
-    (dest / SUMS_NAME).write_text("".join(f"{sha}  {name}\n" for name, sha in sorted(files.items())),
-                                  encoding="utf-8")
+    _create(dest / SUMS_NAME, "".join(f"{sha}  {name}\n" for name, sha in sorted(files.items())))
     return Bundle(dest, dict(sorted(files.items())), [p.name for p in ggufs], is_split)
+
+
+def _new_folder(dest: Path) -> Path:
+    """Make ``dest`` (its missing parents too) and return it; an existing empty folder is taken over
+    only by removing and making it again, so every bundle lands in a folder it made itself."""
+    try:
+        if dest.is_dir() and not dest.is_symlink() and not any(dest.iterdir()):
+            dest.rmdir()
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.mkdir()
+    except FileExistsError:
+        raise InputError(f"{dest} is not empty; publish into a new folder "
+                         "(bundles are never overwritten)") from None
+    except OSError as exc:
+        raise InputError(f"cannot make the bundle folder {dest}: {exc.strerror}; choose another") from exc
+    return dest
+
+
+# A new file only: never through a symlink, never over a file (another writer in the folder loses).
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def _create(path: Path, text: str) -> None:
+    with os.fdopen(os.open(path, _CREATE_FLAGS, 0o644), "w", encoding="utf-8") as handle:
+        handle.write(text)
 
 
 def _copy_or_link(source: Path, dest: Path) -> None:
     # A hard link costs nothing; the store's file is read-only, so the bundle's copy cannot change it.
+    # os.link never follows or replaces what is at ``dest``.
     try:
         os.link(source, dest)
+    except FileExistsError:
+        raise
     except OSError:
-        shutil.copyfile(source, dest)
+        with open(source, "rb") as src, os.fdopen(os.open(dest, _CREATE_FLAGS, 0o644), "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 24)
 
 
 def _sha256(path: Path) -> str:

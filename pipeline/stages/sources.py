@@ -3,7 +3,8 @@
 Three forms (`parse_source`): a local folder, a single ``.gguf`` file, or a Hugging Face repo
 ``org/name[@revision]`` (``hf://`` forces the hub reading). `SourcePolicy` decides which local
 paths a submitter may name: the API may name none unless ``BONSAI_SOURCE_ROOTS`` lists folders,
-and then only paths that resolve (symlinks and ``..`` followed) inside one of them; the CLI on
+and then only paths inside one of them, placed by their text first (nothing outside is
+opened, so a refusal says nothing about what exists there) and then resolved; the CLI on
 the machine itself may name any path its user can read unless roots are set. Only checkpoint
 files are ever taken from a source (`is_checkpoint_file`): weights, config, tokenizer,
 checksums, model card and licence; everything else is listed as left out and never stored.
@@ -13,12 +14,13 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import re
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from pipeline.clients.hub_refs import repo_id_fault, revision_fault
 from pipeline.core.errors import InputError
 
 __all__ = [
@@ -29,16 +31,19 @@ __all__ = [
     "is_checkpoint_file",
     "CHECKPOINT_PATTERNS",
     "PICKLE_SUFFIXES",
+    "escaped",
+    "shown",
 ]
 
 ACCEPTED_FORMS = (
     "a local folder path, a single .gguf file path, or a Hugging Face repo "
     "'org/name' or 'org/name@revision' (branch, tag or commit sha)"
 )
-_HUB_ID = re.compile(
-    r"(?P<repo>[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95})(?:@(?P<rev>[^\s@]+))?"
-)
+MAX_SOURCE_CHARS = 1024
 _HUB_PREFIX = "hf://"
+# Unicode categories refused anywhere in a source: controls (terminal escapes), format characters
+# (bidirectional overrides), surrogates, private use and line separators.
+_UNPRINTABLE = frozenset({"Cc", "Cf", "Cs", "Co", "Zl", "Zp"})
 
 # Top-level file names a checkpoint is made of (the allow-list; matched case-insensitively).
 CHECKPOINT_PATTERNS: tuple[str, ...] = (
@@ -64,32 +69,69 @@ class SourceSpec:
     revision: str | None = None
 
 
-def parse_source(source: str) -> SourceSpec:
-    """Classify a source spec; raises InputError naming the spec and the accepted forms.
+def shown(source: str) -> str:
+    """A source as messages and terminals may show it, quoted: escaped, and at most 120 characters."""
+    text = source if len(source) <= 120 else source[:117] + "..."
+    return ascii(text) if any(unicodedata.category(c) in _UNPRINTABLE for c in text) else repr(text)
 
-    An existing path always wins over a hub id, so a local folder named ``org/name`` works.
-    """
+
+def escaped(source: str) -> str:
+    """`shown` without the quotes, for a source that has already passed the checks or is a label."""
+    text = source if len(source) <= 120 else source[:117] + "..."
+    return "".join(ascii(c)[1:-1] if unicodedata.category(c) in _UNPRINTABLE else c for c in text)
+
+
+def _checked_text(source: str) -> str:
+    """The stripped spec; InputError when it is empty, too long or holds unprintable characters
+    (a terminal escape in a source would be replayed by every `bonsai jobs`)."""
     spec = source.strip()
     if not spec:
         raise InputError(f"empty source spec; expected {ACCEPTED_FORMS}")
+    if len(spec) > MAX_SOURCE_CHARS:
+        raise InputError(f"source {shown(spec)} is {len(spec)} characters long, over the limit of "
+                         f"{MAX_SOURCE_CHARS}; give a shorter path or a hub repo id")
+    bad = next((c for c in spec if unicodedata.category(c) in _UNPRINTABLE), None)
+    if bad is not None:
+        raise InputError(f"source {shown(spec)} holds the unprintable character U+{ord(bad):04X}; "
+                         f"expected {ACCEPTED_FORMS}")
+    return spec
+
+
+def parse_source(source: str) -> SourceSpec:
+    """Classify a source spec as its own user may name it (any path); InputError names the spec
+    and the accepted forms. An existing path always wins over a hub id, so a local folder named
+    ``org/name`` works. `SourcePolicy.check` is the form for a submitter limited to some folders.
+    """
+    spec = _checked_text(source)
     if spec.startswith(_HUB_PREFIX):
         return _parse_hub_id(spec[len(_HUB_PREFIX):], spec)
-    if "\x00" in spec:
-        raise InputError(f"source {spec!r} holds a NUL byte; expected {ACCEPTED_FORMS}")
     path = Path(spec).expanduser()
+    try:
+        found = _local_spec(spec, path)
+    except OSError as exc:  # a name too long, a folder it may not enter
+        raise InputError(f"source {shown(spec)} cannot be read ({exc.strerror or type(exc).__name__}); "
+                         f"expected {ACCEPTED_FORMS}") from exc
+    if found is not None:
+        return found
+    if _looks_like_path(spec):
+        raise InputError(
+            f"source {shown(spec)} does not exist (no such file or folder); expected {ACCEPTED_FORMS}"
+        )
+    return _parse_hub_id(spec, spec)
+
+
+def _local_spec(spec: str, path: Path) -> SourceSpec | None:
+    """The local source at ``path``, None when nothing is there; raises OSError where it cannot look."""
     if path.is_dir():
         return SourceSpec(kind="local", path=path)
     if path.is_file():
         if path.suffix.lower() == ".gguf":
             return SourceSpec(kind="gguf", path=path)
-        raise InputError(f"source {spec!r} is a file but not a .gguf file; expected {ACCEPTED_FORMS}")
-    if path.exists():
-        raise InputError(f"source {spec!r} is neither a folder nor a regular file; expected {ACCEPTED_FORMS}")
-    if _looks_like_path(spec):
-        raise InputError(
-            f"source {spec!r} does not exist (no such file or folder); expected {ACCEPTED_FORMS}"
-        )
-    return _parse_hub_id(spec, spec)
+        raise InputError(f"source {shown(spec)} is a file but not a .gguf file; expected {ACCEPTED_FORMS}")
+    if os.path.lexists(path):
+        raise InputError(f"source {shown(spec)} is neither a folder nor a regular file; "
+                         f"expected {ACCEPTED_FORMS}")
+    return None
 
 
 def _looks_like_path(spec: str) -> bool:
@@ -97,14 +139,16 @@ def _looks_like_path(spec: str) -> bool:
 
 
 def _parse_hub_id(text: str, spec: str) -> SourceSpec:
-    match = _HUB_ID.fullmatch(text)
-    repo_id = match.group("repo") if match else ""
-    # The hub forbids these in repo names; refusing early gives a clearer message than a 404.
-    if not match or "--" in repo_id or ".." in repo_id or repo_id.endswith((".", "-")):
-        raise InputError(
-            f"source {spec!r} is not an existing path nor a hub repo id; expected {ACCEPTED_FORMS}"
-        )
-    return SourceSpec(kind="hub", repo_id=repo_id, revision=match.group("rev"))
+    repo_id, _, revision = text.partition("@")
+    fault = repo_id_fault(repo_id)
+    if fault is None and "@" in text:
+        fault = revision_fault(revision)
+        if fault is not None:
+            fault = f"its revision is not a commit sha nor a git ref name: {fault}"
+    if fault is not None:
+        raise InputError(f"source {shown(spec)} is not an existing path nor a hub repo id ({fault}); "
+                         f"expected {ACCEPTED_FORMS}")
+    return SourceSpec(kind="hub", repo_id=repo_id, revision=revision if "@" in text else None)
 
 
 def is_checkpoint_file(name: str) -> bool:
@@ -119,8 +163,8 @@ def is_checkpoint_file(name: str) -> bool:
 class SourcePolicy:
     """Which local paths a submitter may name.
 
-    ``roots``: the folders local sources must resolve into (``BONSAI_SOURCE_ROOTS``), already
-    resolved. ``allow_any_local``: with no roots, whether any readable path is allowed (the CLI
+    ``roots``: the folders local sources must lie in (``BONSAI_SOURCE_ROOTS``), each as written
+    and resolved. ``allow_any_local``: with no roots, whether any readable path is allowed (the CLI
     on the machine itself) or none is (the API).
     """
 
@@ -129,31 +173,65 @@ class SourcePolicy:
 
     @classmethod
     def from_roots(cls, roots: Iterable[str | Path], *, allow_any_local: bool) -> SourcePolicy:
-        resolved = tuple(Path(os.path.expanduser(str(r))).resolve() for r in roots if str(r).strip())
-        return cls(resolved, allow_any_local and not resolved)
+        given = [Path(os.path.abspath(os.path.expanduser(str(r)))) for r in roots if str(r).strip()]
+        # Each root as written (paths are placed lexically first) and resolved (where they lead).
+        both = tuple(dict.fromkeys([*given, *(root.resolve() for root in given)]))
+        return cls(both, allow_any_local and not both)
 
     def check(self, source: str) -> SourceSpec:
-        """The parsed spec when this submitter may name it; InputError with the fix otherwise."""
-        spec = parse_source(source)
-        if spec.kind == "hub" or spec.path is None:
-            return spec
-        if not self.roots:
-            if self.allow_any_local:
-                return spec
-            raise InputError(
-                f"source {source!r}: local paths are not accepted here; submit a hub repo id "
-                "('org/name@revision'), or have the operator list the allowed model folders in "
-                "BONSAI_SOURCE_ROOTS (for example BONSAI_SOURCE_ROOTS=/models)"
-            )
+        """The parsed spec when this submitter may name it; InputError with the fix otherwise.
+
+        Limited to roots (or to none), a path is first placed lexically (``..`` and ``~`` applied,
+        nothing opened): outside every root it is refused with one message whether or not it exists,
+        so the answer tells nothing about the server's files. Inside, it is resolved (symlinks) and
+        must still be inside.
+        """
+        if not self.roots and self.allow_any_local:
+            return parse_source(source)
+        spec = _checked_text(source)
+        if spec.startswith(_HUB_PREFIX):
+            return _parse_hub_id(spec[len(_HUB_PREFIX):], spec)
+        lexical = Path(os.path.abspath(os.path.expanduser(spec)))
+        if self._inside(lexical):
+            try:
+                resolved = lexical.resolve(strict=True)
+            except (OSError, RuntimeError):
+                resolved = None
+            if resolved is not None:
+                if not self._inside(resolved):
+                    raise self._outside(spec)
+                try:
+                    found = _local_spec(spec, resolved)
+                except OSError as exc:
+                    raise InputError(f"source {shown(spec)} cannot be read "
+                                     f"({exc.strerror or type(exc).__name__})") from exc
+                if found is not None:
+                    return found
+            if _looks_like_path(spec):
+                raise InputError(f"source {shown(spec)} does not exist inside the allowed model folders "
+                                 f"({self._allowed()}); expected {ACCEPTED_FORMS}")
+        elif _looks_like_path(spec):
+            raise self._outside(spec)
         try:
-            resolved = spec.path.resolve(strict=True)
-        except (OSError, RuntimeError) as exc:
-            raise InputError(f"source {source!r}: cannot be resolved ({exc})") from exc
-        if not any(resolved.is_relative_to(root) for root in self.roots):
-            allowed = ", ".join(str(root) for root in self.roots)
-            raise InputError(
-                f"source {source!r} resolves to {resolved}, outside the allowed model folders "
-                f"({allowed}); move the checkpoint under one of them or ask the operator to add its "
-                "folder to BONSAI_SOURCE_ROOTS"
+            return _parse_hub_id(spec, spec)
+        except InputError:
+            raise self._outside(spec) from None
+
+    def _inside(self, path: Path) -> bool:
+        return any(path.is_relative_to(root) for root in self.roots)
+
+    def _allowed(self) -> str:
+        return ", ".join(str(root) for root in self.roots)
+
+    def _outside(self, spec: str) -> InputError:
+        if not self.roots:
+            return InputError(
+                f"source {shown(spec)} is not a hub repo id ('org/name@revision', the revision a branch, "
+                "tag or commit sha), and local paths are not accepted here; have the operator list the "
+                "allowed model folders in BONSAI_SOURCE_ROOTS (for example BONSAI_SOURCE_ROOTS=/models)"
             )
-        return spec
+        return InputError(
+            f"source {shown(spec)} is outside the allowed model folders ({self._allowed()}) and not a hub "
+            "repo id ('org/name@revision', the revision a branch, tag or commit sha); move the "
+            "checkpoint under one of them or ask the operator to add its folder to BONSAI_SOURCE_ROOTS"
+        )

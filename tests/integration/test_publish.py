@@ -137,8 +137,27 @@ def test_publish_to_a_bucket_and_through_the_api(failed_job: Path, tmp_path: Pat
     assert again.returncode == 2 and "exists; publish to a new prefix" in again.stderr
 
     token, entry = new_token("ci", ("submit",))
-    client = TestClient(create_app(Settings(home=failed_job, api_tokens=entry)))
-    headers = {"Authorization": f"Bearer {token}"}
+    admin, admin_entry = new_token("ops", ("admin",))
+    closed = TestClient(create_app(Settings(home=failed_job, api_tokens=f"{entry},{admin_entry}")))
+    # Neither the job's submitter (the CLI) nor a place the operator allows: refused, nothing written.
+    not_theirs = closed.post("/api/jobs/1/publish", json={"to": str(tmp_path / "api"), "force": True},
+                             headers={"Authorization": f"Bearer {token}"})
+    assert not_theirs.status_code == 403 and "only the token that submitted it" in not_theirs.json()["detail"]
+    nowhere = closed.post("/api/jobs/1/publish", json={"to": str(tmp_path / "api"), "force": True},
+                          headers={"Authorization": f"Bearer {admin}"})
+    assert nowhere.status_code == 400 and "BONSAI_PUBLISH_ROOTS" in nowhere.json()["detail"]
+    assert not (tmp_path / "api").exists()
+
+    client = TestClient(create_app(Settings(home=failed_job, api_tokens=f"{entry},{admin_entry}",
+                                            publish_roots=str(tmp_path))))
+    headers = {"Authorization": f"Bearer {admin}"}
+    outside = client.post("/api/jobs/1/publish", headers=headers,
+                          json={"to": str(tmp_path / ".." / "elsewhere"), "force": True})
+    assert outside.status_code == 400 and "outside the allowed places" in outside.json()["detail"]
+    (tmp_path / "a-file").write_text("x")
+    over_a_file = client.post("/api/jobs/1/publish", json={"to": str(tmp_path / "a-file"), "force": True},
+                              headers=headers)
+    assert over_a_file.status_code == 400 and (tmp_path / "a-file").read_text() == "x"
     refused = client.post("/api/jobs/1/publish", json={"to": str(tmp_path / "api")}, headers=headers)
     assert refused.status_code == 400 and "needs --force" in refused.json()["detail"]
     answer = client.post("/api/jobs/1/publish", headers=headers,

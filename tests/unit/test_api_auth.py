@@ -42,7 +42,7 @@ def test_empty_setting_means_no_tokens() -> None:
     ("spec", "message"),
     [
         ("justatoken", "entry 1 must look like name:scopes:sha256hex"),
-        (f"ok:read:{'a' * 64},bad:admin:{'a' * 64}", r"entry 2 \(bad\): scopes 'admin'"),
+        (f"ok:read:{'a' * 64},bad:root:{'a' * 64}", r"entry 2 \(bad\): scopes 'root'"),
         ("dash:read:bonsai_plaintext-token", "never the token itself"),
         (f":read:{'a' * 64}", "entry 1 .no name."),
     ],
@@ -55,6 +55,7 @@ def test_bad_entries_are_named(spec: str, message: str) -> None:
 def test_token_query_values_are_redacted_from_access_log_lines() -> None:
     assert redact_token_query("/?token=bonsai_abc&x=1") == "/?token=***&x=1"
     assert redact_token_query("/web/app.js?v=1&TOKEN=s3cret#job=1") == "/web/app.js?v=1&TOKEN=***#job=1"
+    assert redact_token_query("/?%74oken=s3cret&t%6Fken=x&tok=keep") == "/?%74oken=***&t%6Fken=***&tok=keep"
     assert redact_token_query("/api/jobs?status=failed") == "/api/jobs?status=failed"
     record = logging.LogRecord(
         "uvicorn.access",
@@ -67,3 +68,13 @@ def test_token_query_values_are_redacted_from_access_log_lines() -> None:
     )
     assert TokenRedactingFilter().filter(record)
     assert "bonsai_abc" not in record.getMessage() and "/?token=***" in record.getMessage()
+
+
+def test_admin_changes_any_job_submit_only_its_own() -> None:
+    alice = ApiToken("alice", frozenset({"submit"}), "a" * 64)
+    admin = ApiToken("ops", frozenset({"admin"}), "b" * 64)
+    reader = ApiToken("r", frozenset({"read"}), "c" * 64)
+    assert alice.may_change("api:alice") and not alice.may_change("api:mallory")
+    assert not alice.may_change(None)
+    assert admin.may_change("api:mallory") and admin.may_change("cli:convert") and admin.allows("read")
+    assert not reader.may_change("api:r")

@@ -92,3 +92,9 @@ def test_flower_loads_the_worker_app_with_task_events(services: dict[str, Any],
     app = importlib.import_module(module).app  # what `celery -A module` finds; no broker is contacted
     assert app.conf.worker_send_task_events and app.conf.task_send_sent_event
     assert app.backend.get_state("any-task-id") == "PENDING"  # a revoke's state lookup does not raise
+
+
+def test_flower_needs_a_password_and_listens_on_loopback(services: dict[str, Any]) -> None:
+    flower = services["flower"]
+    assert any(arg.startswith("--basic-auth=${FLOWER_BASIC_AUTH:?") for arg in flower["command"])
+    assert all(str(port).startswith("127.0.0.1:") for port in flower["ports"])

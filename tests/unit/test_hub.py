@@ -142,3 +142,13 @@ def test_http_errors_are_translated(tmp_path: Path) -> None:
         fail(httpx2.ReadTimeout("slow", request=request))
     with pytest.raises(TransientError, match="could not be reached in time"):
         fail(hf_errors.RevisionResolutionError("no network"))
+
+
+def test_the_servers_token_goes_only_to_the_listed_repos() -> None:
+    listed = HfHubClient(token="hf_operator", token_repos=("Acme", "other/llama-*"))
+    assert listed._token_for("acme/private") == "hf_operator"
+    assert listed._token_for("other/llama-7b") == "hf_operator"
+    # Anonymous (False: not even huggingface_hub's saved login) for everything else.
+    assert listed._token_for("other/mistral") is False and listed._token_for("gated/model") is False
+    assert HfHubClient(token="hf_operator", token_repos=())._token_for("acme/x") is False
+    assert HfHubClient(token="hf_cli")._token_for("any/repo") == "hf_cli"

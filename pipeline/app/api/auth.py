@@ -1,9 +1,10 @@
 """Bearer tokens for the HTTP API: configured as sha256 hashes, checked per route scope.
 
 `BONSAI_API_TOKENS` is a comma-separated list of ``name:scopes:sha256hex`` entries,
-scopes joined by ``+`` (``read``, ``submit``). Only hashes are configured, so the
+scopes joined by ``+`` (``read``, ``submit``, ``admin``). Only hashes are configured, so the
 settings file or environment never holds a usable token. A ``submit`` token may also
-read: whoever can change jobs can see them.
+read: whoever can change jobs can see them. A ``submit`` token changes (retries, cancels,
+publishes) only the jobs it submitted; ``admin`` changes any job.
 
 A request without a valid token gets 401 (with ``WWW-Authenticate: Bearer``); a valid
 token without the route's scope gets 403.
@@ -16,6 +17,7 @@ import hmac
 import logging
 import re
 import secrets
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
@@ -36,11 +38,11 @@ __all__ = [
     "TokenRedactingFilter",
 ]
 
-SCOPES = ("read", "submit")
+SCOPES = ("read", "submit", "admin")
 # What each scope also grants.
-_IMPLIED = {"submit": {"read"}}
+_IMPLIED = {"submit": {"read"}, "admin": {"submit", "read"}}
 
-_TOKEN_QUERY = re.compile(r"([?&]token=)[^&#\s]*", re.IGNORECASE)
+_QUERY_PARAM = re.compile(r"([?&])([^=&#\s]*)=([^&#\s]*)")
 
 _bearer = HTTPBearer(auto_error=False, description="A token from `bonsai api-token NAME`.")
 
@@ -55,6 +57,15 @@ class ApiToken:
 
     def allows(self, scope: str) -> bool:
         return scope in self.scopes or any(scope in _IMPLIED.get(s, ()) for s in self.scopes)
+
+    @property
+    def actor(self) -> str:
+        """How this token is recorded on what it does: a job's submitter, a retry's requester."""
+        return f"api:{self.name}"
+
+    def may_change(self, submitted_by: str | None) -> bool:
+        """Whether this token may retry, cancel or publish a job ``submitted_by`` someone."""
+        return self.allows("admin") or (self.allows("submit") and submitted_by == self.actor)
 
 
 def hash_token(token: str) -> str:
@@ -136,8 +147,14 @@ def require_scope(scope: str) -> Callable[..., ApiToken]:
 
 
 def redact_token_query(text: str) -> str:
-    """`text` with the value of any `token=` query parameter replaced by `***`."""
-    return _TOKEN_QUERY.sub(r"\1***", text)
+    """`text` with the value of any `token` query parameter replaced by `***`; the name is compared
+    after percent-decoding (``%74oken`` is ``token`` to the server, so it is to the log too)."""
+
+    def redact(match: re.Match[str]) -> str:
+        name = urllib.parse.unquote_plus(match.group(2)).strip().lower()
+        return f"{match.group(1)}{match.group(2)}=***" if name == "token" else match.group(0)
+
+    return _QUERY_PARAM.sub(redact, text)
 
 
 class TokenRedactingFilter(logging.Filter):

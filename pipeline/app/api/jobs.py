@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi import Path as PathParam
 from pydantic import BaseModel, Field, model_validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
@@ -19,16 +20,26 @@ from pipeline.app.api.auth import ApiToken, require_scope
 from pipeline.core.states import JobState, StageName
 from pipeline.db.models import Job
 from pipeline.db.session import session_scope
-from pipeline.orchestration.job_control import JobRequest, cancel_job, check_request, retry_job
+from pipeline.orchestration.job_control import (
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    JobRequest,
+    cancel_job,
+    check_request,
+    retry_job,
+)
 from pipeline.orchestration.launcher import submit_jobs
 from pipeline.provenance.statements import redact
 from pipeline.stages.sources import SourcePolicy
 
-__all__ = ["router"]
+__all__ = ["router", "owned_job", "JobId"]
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
 
 Reader = Annotated[ApiToken, Depends(require_scope("read"))]
+# Ids are database integers: a larger number is a 422, not an overflow in the driver.
+JobId = Annotated[int, PathParam(ge=1, le=2**31 - 1, description="The job's id")]
+_MAX_SOURCES = 1000  # jobs one request may submit
 Submitter = Annotated[ApiToken, Depends(require_scope("submit"))]
 
 
@@ -38,14 +49,15 @@ class JobSubmission(BaseModel):
     source: str | None = Field(
         default=None, description="A hub repo `org/name@revision`, a folder or a .gguf"
     )
-    sources: list[str] = Field(default_factory=list, description="Several sources, one job each")
+    sources: list[str] = Field(default_factory=list, max_length=_MAX_SOURCES,
+                               description="Several sources, one job each")
     recipe: str | None = Field(
         default=None, description="tq2_0, tq1_0, q2_0 or q1_0 in any case (default: tq2_0, or the target's)"
     )
     target: str | None = Field(
         default=None, description="cpu, cuda, metal or vulkan: picks the default recipe; warns of slow types"
     )
-    priority: int = Field(default=0, description="Higher runs sooner")
+    priority: int = Field(default=0, ge=PRIORITY_MIN, le=PRIORITY_MAX, description="Higher runs sooner")
     options: dict[str, Any] = Field(default_factory=dict, description="Job options (`bonsai recipes`)")
 
     @model_validator(mode="after")
@@ -77,6 +89,18 @@ def _job_or_404(session: Session, job_id: int) -> Job:
     return job
 
 
+def owned_job(session: Session, job_id: int, token: ApiToken, action: str) -> Job:
+    """The job when ``token`` may ``action`` it (its submitter, or an admin token); 404 or 403."""
+    job = _job_or_404(session, job_id)
+    if not token.may_change(job.submitted_by):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"token {token.name!r} may not {action} job {job_id}: only the token that submitted it or one "
+            "with the 'admin' scope may",
+        )
+    return job
+
+
 @router.get("", summary="List jobs, newest first")
 def list_jobs(
     request: Request,
@@ -85,7 +109,7 @@ def list_jobs(
     recipe: str | None = None,
     source: Annotated[str | None, Query(description="Substring of the source")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
 ) -> list[dict[str, Any]]:
     # One extra query for all the jobs' attempts, not one per job (the page polls this list).
     query = (
@@ -108,12 +132,12 @@ def submit(request: Request, token: Submitter, body: JobSubmission) -> dict[str,
     requests = [check_request(JobRequest(s, body.recipe, body.priority, options)) for s in body.all_sources()]
     # Hub ids always; local paths only under BONSAI_SOURCE_ROOTS (none by default).
     policy = SourcePolicy.from_roots(request.app.state.settings.source_root_list, allow_any_local=False)
-    job_ids = submit_jobs(request.app.state.rt, requests, f"api:{token.name}", policy)
+    job_ids = submit_jobs(request.app.state.rt, requests, token.actor, policy)
     return {"job_ids": job_ids, "warnings": sorted({w for r in requests for w in r.warnings})}
 
 
 @router.get("/{job_id}", summary="One job: every attempt of every stage, artifacts, validation")
-def detail(request: Request, _token: Reader, job_id: int) -> dict[str, Any]:
+def detail(request: Request, _token: Reader, job_id: JobId) -> dict[str, Any]:
     with session_scope(request.app.state.rt.sessions) as session:
         # No store: server paths stay private; artifacts download through /api/artifacts.
         return views.job_detail(_job_or_404(session, job_id))
@@ -121,20 +145,20 @@ def detail(request: Request, _token: Reader, job_id: int) -> dict[str, Any]:
 
 @router.post("/{job_id}/retry", summary="New attempts for a stage and everything after it")
 def retry(
-    request: Request, _token: Submitter, job_id: int, body: RetryRequest | None = None
+    request: Request, token: Submitter, job_id: JobId, body: RetryRequest | None = None
 ) -> dict[str, Any]:
     body = body or RetryRequest()
     with session_scope(request.app.state.rt.sessions) as session:
-        _job_or_404(session, job_id)
-        run_ids = retry_job(session, job_id, body.from_stage, body.force)
+        owned_job(session, job_id, token, "retry")
+        run_ids = retry_job(session, job_id, body.from_stage, body.force, requested_by=token.actor)
     request.app.state.launcher.start(job_id)
     return {"job_id": job_id, "run_ids": run_ids}
 
 
 @router.post("/{job_id}/cancel", summary="Stop a job; running tasks are revoked")
-def cancel(request: Request, _token: Submitter, job_id: int) -> dict[str, Any]:
+def cancel(request: Request, token: Submitter, job_id: JobId) -> dict[str, Any]:
     with session_scope(request.app.state.rt.sessions) as session:
-        _job_or_404(session, job_id)
-        task_ids = cancel_job(session, job_id)
+        owned_job(session, job_id, token, "cancel")
+        task_ids = cancel_job(session, job_id, cancelled_by=token.actor)
     request.app.state.launcher.revoke(task_ids)
     return {"job_id": job_id, "status": JobState.CANCELLED.value, "revoked": len(task_ids)}

@@ -44,6 +44,9 @@ def session(request: Request, token: Reader) -> dict[str, Any]:
         "token": token.name,
         "scopes": [scope for scope in SCOPES if token.allows(scope)],
         "can_submit": can_submit,
+        # Retry and cancel apply to the jobs this token submitted, or to every job with admin.
+        "actor": token.actor,
+        "is_admin": token.allows("admin"),
         "read_only_reason": read_only_reason(token),
         "recipes": sorted(RECIPES),
         "default_recipe": DEFAULT_RECIPE,

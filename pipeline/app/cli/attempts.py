@@ -33,7 +33,8 @@ def retry(obj: CliContext, job_id: int, from_stage: str | None, force: bool) -> 
 
     rt = obj.runtime()
     with session_scope(rt.sessions) as session:
-        run_ids = retry_job(session, job_id, StageName(from_stage) if from_stage else None, force)
+        run_ids = retry_job(session, job_id, StageName(from_stage) if from_stage else None, force,
+                            requested_by="cli")
         stages = [session.get_one(StageRun, run_id).stage for run_id in run_ids]
     for line in planned_lines(job_id, stages, force):
         click.echo(line)

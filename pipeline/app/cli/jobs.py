@@ -150,7 +150,7 @@ def cancel(obj: CliContext, job_id: int) -> None:
 
     rt = obj.runtime()
     with session_scope(rt.sessions) as session:
-        task_ids = cancel_job(session, job_id)
+        task_ids = cancel_job(session, job_id, cancelled_by="cli")
     rt.launcher.revoke(task_ids)
     click.echo(f"job {job_id} cancelled ({len(task_ids)} task(s) revoked)")
 

@@ -81,8 +81,10 @@ def db_upgrade(obj: CliContext) -> None:
 
 @cli.command("api-token")
 @click.argument("name")
-@click.option("--scope", "scopes", multiple=True, type=click.Choice(["read", "submit"]), default=("read",),
-              show_default=True, help="Repeatable; submit also allows reading.")
+@click.option("--scope", "scopes", multiple=True, type=click.Choice(["read", "submit", "admin"]),
+              default=("read",),
+              show_default=True, help="Repeatable; submit also allows reading and changing the token's own "
+                                      "jobs, admin changing anyone's.")
 def api_token(name: str, scopes: tuple[str, ...]) -> None:
     """Make an API token: prints the token (shown once) and its BONSAI_API_TOKENS entry (a hash)."""
     from pipeline.app.api.auth import new_token

@@ -41,7 +41,11 @@ async function loadJob() {
 // ---- retry and cancel -----------------------------------------------------------------------
 function renderActions(job) {
   const session = state.session || {};
-  const reason = session.can_submit ? null : session.read_only_reason;
+  const owned = session.is_admin || job.submitted_by === session.actor;
+  const reason = !session.can_submit ? session.read_only_reason
+    : owned ? null
+      : `job ${job.id} was submitted by ${job.submitted_by || "someone else"}; only its submitter or a token `
+        + "with the admin scope may change it";
   const final = FINAL.has(job.status);
   $("#actions-readonly").hidden = !reason;
   $("#actions-readonly").textContent = reason ? `Retry and cancel are off: ${reason}.` : "";
@@ -152,7 +156,8 @@ function renderTimeline(runs, errorNumbers) {
       bar.classList.add("waiting");
     }
     track.append(bar);
-    const details = [run.worker_host, run.device, seconds(run.duration_s)].filter(Boolean).join(" · ");
+    const details = [run.requested_by ? `asked by ${run.requested_by}` : null, run.worker_host, run.device,
+      seconds(run.duration_s)].filter(Boolean).join(" · ");
     const number = errorNumbers.get(run.id);
     return el("div", { class: "attempt", "data-stage": run.stage, "data-status": run.status },
       el("span", { class: "label", text: `${run.stage} #${run.attempt}${run.shard ? ` shard ${run.shard}` : ""}` }),
