@@ -53,6 +53,8 @@ class EmbeddedLauncher:
         if self._pool is not None:
             # Queued jobs stay pending in the database; the one running finishes its stage.
             self._pool.shutdown(wait=False, cancel_futures=True)
+            # An app started again (a new ASGI lifespan) gets a new thread, not a dead pool's error.
+            self._pool = None
 
     def _run(self, job_id: int) -> None:
         from pipeline.orchestration.embedded import run_job
