@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from pipeline.artifacts.store import ArtifactStore
+from pipeline.artifacts.store import ArtifactStore, shareable_uri
 from pipeline.core.states import StageName, StageState
 from pipeline.db.models import Job, StageRun
 from pipeline.orchestration import coordinator
@@ -61,13 +61,18 @@ def run_view(run: StageRun, store: ArtifactStore | None = None) -> dict[str, Any
             "size_bytes": item.size_bytes,
             "kind": item.kind,
             "media_type": item.media_type,
-            "uri": item.uri,
+            "uri": shareable_uri(item.uri, item.sha256),
         }
         # Only a path already on this machine: showing a job must not download its artifacts.
         local = store.local_path(item.sha256) if store is not None else None
         if local is not None:
             view["path"] = str(local)
         return view
+
+    # Without a store (the API) no server internal is shown: a worker by its name, not its process id.
+    worker = run.worker_host
+    if store is None and worker and worker.rpartition(":")[2].isdigit():
+        worker = worker.rpartition(":")[0]
 
     return {
         "id": run.id,
@@ -76,7 +81,7 @@ def run_view(run: StageRun, store: ArtifactStore | None = None) -> dict[str, Any
         "shard": run.shard or None,
         "parent_run_id": run.parent_run_id,
         "status": run.status,
-        "worker_host": run.worker_host,
+        "worker_host": worker,
         "device": run.device,
         "cache_key": run.cache_key,
         "cached_from_id": run.cached_from_id,

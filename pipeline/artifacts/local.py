@@ -11,7 +11,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from pipeline.artifacts.copying import copy_and_hash
-from pipeline.artifacts.store import StoredArtifact, check_digest
+from pipeline.artifacts.store import LOCAL_URI_PREFIX, StoredArtifact, check_digest
 from pipeline.core.errors import IntegrityError
 from pipeline.core.files import commit_file
 
@@ -41,7 +41,7 @@ class LocalStore:
     def put(self, source: Path, expected_sha256: str | None = None) -> StoredArtifact:
         if expected_sha256 is not None and self.has(expected_sha256):
             final = self._final_path(expected_sha256)
-            return StoredArtifact(expected_sha256, final.stat().st_size, final.as_uri())
+            return StoredArtifact(expected_sha256, final.stat().st_size, self.uri(expected_sha256))
         fd, tmp_name = tempfile.mkstemp(dir=self.root / "tmp", prefix="put-")
         tmp = Path(tmp_name)
         try:
@@ -66,7 +66,7 @@ class LocalStore:
                 is_new = commit_file(tmp, final, exclusive=True)  # equal bytes under an equal key: keep one
                 if is_new and copied_mtime_ns is not None:
                     self._witness(final, sha256, size, copied_mtime_ns)
-            return StoredArtifact(sha256, size, final.as_uri())
+            return StoredArtifact(sha256, size, self.uri(sha256))
         finally:
             tmp.unlink(missing_ok=True)
 
@@ -106,7 +106,7 @@ class LocalStore:
         size, mtime_ns, ctime_ns, sha256 = known
         if (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns) != (size, mtime_ns, ctime_ns):
             return None
-        return StoredArtifact(sha256, size, self._final_path(sha256).as_uri())
+        return StoredArtifact(sha256, size, self.uri(sha256))
 
     def _can_link(self, source: Path) -> bool:
         # A file with other names (a user's folder linked into a work folder) is copied, so
@@ -143,7 +143,9 @@ class LocalStore:
         return final if final.is_file() else None
 
     def uri(self, sha256: str) -> str:
-        return self._final_path(sha256).as_uri()
+        # The store's name and the digest, not a file:// path: URIs travel in provenance statements,
+        # bundles and API answers, where the server's folders are nobody's business.
+        return f"{LOCAL_URI_PREFIX}{check_digest(sha256)}"
 
     def remove_tmp(self) -> int:
         """Delete leftovers of interrupted puts; returns how many were removed."""

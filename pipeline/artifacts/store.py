@@ -18,7 +18,7 @@ from typing import Protocol
 
 from pipeline.core.errors import InputError
 
-__all__ = ["ArtifactStore", "StoredArtifact", "check_digest", "put_all"]
+__all__ = ["ArtifactStore", "StoredArtifact", "check_digest", "put_all", "LOCAL_URI_PREFIX", "shareable_uri"]
 
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
@@ -88,6 +88,16 @@ def _in_context(
     context: contextvars.Context, store: ArtifactStore, path: Path, expected: str | None
 ) -> Callable[[], StoredArtifact]:
     return lambda: context.run(store.put, path, expected)
+
+
+# How a local store names an artifact in URIs (provenance, bundles, the API): its kind and the digest.
+LOCAL_URI_PREFIX = "local:sha256/"
+
+
+def shareable_uri(uri: str, sha256: str) -> str:
+    """``uri`` as API answers and bundles may carry it: a ``file://`` path (recorded before local URIs
+    named the store) becomes the store's name and the digest; other URIs are kept."""
+    return f"{LOCAL_URI_PREFIX}{check_digest(sha256)}" if uri.startswith("file:") else uri
 
 
 def check_digest(sha256: str) -> str:

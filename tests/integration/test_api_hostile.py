@@ -150,3 +150,18 @@ def test_publish_is_off_until_the_operator_names_where(server: Server) -> None:
     answer = server.post(f"/api/jobs/{job_id}/publish", {"to": str(server.tmp / "bundle"), "force": True})
     assert answer.status_code == 400 and "BONSAI_PUBLISH_ROOTS" in answer.json()["detail"]
     assert not (server.tmp / "bundle").exists()
+
+
+def test_answers_carry_no_server_paths_or_process_ids(server: Server) -> None:
+    checkpoint = server.tmp / "models" / "ckpt"  # download and checksum run, inspect fails: no weights
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text('{"model_type": "llama"}\n')
+    (job_id,) = server.post("/api/jobs", {"source": str(checkpoint)}).json()["job_ids"]
+    server.app.state.launcher.wait(job_id, timeout_s=60)
+    detail = server.get(f"/api/jobs/{job_id}").json()
+    outputs = [out for run in detail["stages"] for out in run["outputs"]]
+    assert outputs
+    assert all(out["uri"] == f"local:sha256/{out['sha256']}" and "path" not in out for out in outputs)
+    assert all(":" not in (run["worker_host"] or "") for run in detail["stages"])
+    provenance = server.get(f"/api/artifacts/{outputs[0]['sha256']}/provenance").text
+    assert "file://" not in provenance and str(server.app.state.settings.home) not in provenance

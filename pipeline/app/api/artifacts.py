@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from pipeline.app.api.auth import ApiToken, require_scope
+from pipeline.artifacts.store import shareable_uri
 from pipeline.core.errors import InputError
 from pipeline.db.models import Artifact, Provenance, RunArtifact
 from pipeline.db.session import session_scope
@@ -52,7 +53,7 @@ def artifact(request: Request, _token: Reader, ref: str) -> dict[str, Any]:
             "kind": item.kind,
             "size_bytes": item.size_bytes,
             "media_type": item.media_type,
-            "uri": item.uri,
+            "uri": shareable_uri(item.uri, item.sha256),
             "created_by_run_id": item.created_by_run_id,
             "created_at": item.created_at.isoformat(),
             "links": _links(session, item.sha256),
