@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeline.app.terminal import printable
-from pipeline.core.states import StageName, StageState
+from pipeline.core.states import STAGE_ORDER, StageName, StageState
 from pipeline.db import repo
 from pipeline.db.models import StageRun
 from pipeline.db.session import session_scope
@@ -32,8 +32,8 @@ def attempt_logs(
     """The attempts of `job_id` (of `stage`, of number `attempt`) with their logs, in stage order."""
     with session_scope(rt.sessions) as session:
         job = repo.get_job(session, job_id)
-        order = list(StageName)
-        runs = sorted(job.stage_runs, key=lambda r: (order.index(StageName(r.stage)), r.attempt, r.shard))
+        runs = sorted(job.stage_runs,
+                      key=lambda r: (STAGE_ORDER.index(StageName(r.stage)), r.attempt, r.shard))
         wanted = [run for run in runs if (stage is None or run.stage == stage.value)
                   and (attempt is None or run.attempt == attempt)]
         return [_entry(session, run) for run in wanted]

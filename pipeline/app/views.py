@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pipeline.artifacts.store import ArtifactStore, shareable_uri
-from pipeline.core.states import StageName, StageState
+from pipeline.core.states import STAGE_ORDER, StageName, StageState
 from pipeline.db.models import Job, StageRun
 from pipeline.orchestration import coordinator
 
@@ -102,7 +102,7 @@ def run_view(run: StageRun, store: ArtifactStore | None = None) -> dict[str, Any
 def job_detail(job: Job, store: ArtifactStore | None = None) -> dict[str, Any]:
     """A job with every attempt of every stage, their artifacts, and the validation result."""
     detail = job_summary(job)
-    runs = sorted(job.stage_runs, key=lambda r: (list(StageName).index(StageName(r.stage)), r.id))
+    runs = sorted(job.stage_runs, key=lambda r: (STAGE_ORDER.index(StageName(r.stage)), r.id))
     detail["stages"] = [run_view(run, store) for run in runs]
     latest = _latest(job)
     validate = latest.get(StageName.VALIDATE)

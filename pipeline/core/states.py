@@ -7,7 +7,9 @@ leaving a row in a state nothing expects.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
+from types import MappingProxyType
 
 from pipeline.core.errors import IllegalTransition
 
@@ -15,9 +17,11 @@ __all__ = [
     "StageName",
     "StageState",
     "JobState",
+    "STAGE_INPUTS",
     "STAGE_ORDER",
     "require",
     "downstream_of",
+    "upstream_of",
 ]
 
 
@@ -31,7 +35,32 @@ class StageName(StrEnum):
     VALIDATE = "validate"
 
 
-STAGE_ORDER: tuple[StageName, ...] = tuple(StageName)
+# The stage graph, declared once: which stages' outputs each stage reads (the cache key hashes exactly
+# these). Every order shown to users, every retry set and the progress derive from it.
+STAGE_INPUTS: Mapping[StageName, tuple[StageName, ...]] = MappingProxyType({
+    StageName.DOWNLOAD: (),
+    StageName.CHECKSUM: (StageName.DOWNLOAD,),
+    StageName.INSPECT: (StageName.DOWNLOAD, StageName.CHECKSUM),
+    StageName.CALIBRATE: (StageName.DOWNLOAD, StageName.INSPECT),
+    StageName.DECOMPOSE: (StageName.DOWNLOAD, StageName.INSPECT, StageName.CALIBRATE),
+    StageName.PACKAGE: (StageName.DOWNLOAD, StageName.INSPECT, StageName.DECOMPOSE),
+    # The source's side of validation is calibrate's reference: validate never reads the source files.
+    StageName.VALIDATE: (StageName.PACKAGE, StageName.DECOMPOSE, StageName.CALIBRATE),
+})
+
+
+def _topological(inputs: Mapping[StageName, tuple[StageName, ...]]) -> tuple[StageName, ...]:
+    """The stages so that each comes after all of its inputs; ties in declaration order."""
+    order: list[StageName] = []
+    while len(order) < len(inputs):
+        ready = [s for s in StageName if s not in order and all(i in order for i in inputs[s])]
+        if not ready:
+            raise ValueError(f"the stage graph has a cycle among {sorted(set(inputs) - set(order))}")
+        order.append(ready[0])
+    return tuple(order)
+
+
+STAGE_ORDER: tuple[StageName, ...] = _topological(STAGE_INPUTS)
 
 
 class StageState(StrEnum):
@@ -101,6 +130,19 @@ def require(old: StageState | JobState, new: StageState | JobState) -> None:
         raise IllegalTransition(f"illegal status change {old.value} -> {new.value}")
 
 
+def upstream_of(stage: StageName) -> tuple[StageName, ...]:
+    """Every stage `stage` depends on, directly or through others, in `STAGE_ORDER`."""
+    found: set[StageName] = set()
+    pending = list(STAGE_INPUTS[stage])
+    while pending:
+        item = pending.pop()
+        if item not in found:
+            found.add(item)
+            pending.extend(STAGE_INPUTS[item])
+    return tuple(s for s in STAGE_ORDER if s in found)
+
+
 def downstream_of(stage: StageName) -> tuple[StageName, ...]:
-    """`stage` and every stage after it, in pipeline order."""
-    return STAGE_ORDER[STAGE_ORDER.index(stage):]
+    """`stage` and every stage that depends on it, directly or through others, in `STAGE_ORDER`:
+    what a retry from `stage` re-opens."""
+    return tuple(s for s in STAGE_ORDER if s == stage or stage in upstream_of(s))

@@ -14,7 +14,7 @@ import yaml
 from sqlalchemy.orm import Session
 
 from pipeline.core.errors import InputError
-from pipeline.core.states import STAGE_ORDER, JobState, StageName, StageState
+from pipeline.core.states import JobState, StageName, StageState, upstream_of
 from pipeline.db import repo
 from pipeline.orchestration import coordinator
 from pipeline.provenance.statements import redact
@@ -197,7 +197,7 @@ def create_jobs(
 
 def retry_job(session: Session, job_id: int, from_stage: StageName | None, force: bool,
               requested_by: str | None = None) -> list[int]:
-    """New pending attempts for `from_stage` and every stage after it; earlier attempts stay.
+    """New pending attempts for `from_stage` and every stage that depends on it; earlier attempts stay.
 
     Returns the new run ids; each records `requested_by` (who asked). Refuses while the job has an
     attempt queued or running.
@@ -213,7 +213,7 @@ def retry_job(session: Session, job_id: int, from_stage: StageName | None, force
     if not stages:
         raise InputError(f"job {job_id} has nothing to retry: every stage succeeded (use --from STAGE)")
     first = stages[0]
-    upstream_missing = [s.value for s in STAGE_ORDER[: STAGE_ORDER.index(first)]
+    upstream_missing = [s.value for s in upstream_of(first)
                         if states.get(s) not in (StageState.SUCCEEDED, StageState.SKIPPED_CACHED)]
     if upstream_missing:
         raise InputError(f"job {job_id}: cannot retry from {first.value} before "

@@ -13,21 +13,13 @@ import importlib
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from pipeline.core.states import StageName
+from pipeline.core.states import STAGE_INPUTS, StageName
 
 __all__ = ["load_stage", "UPSTREAM"]
 
-# Which earlier stages' outputs each stage reads; the cache key hashes exactly these.
-UPSTREAM: dict[StageName, tuple[StageName, ...]] = {
-    StageName.DOWNLOAD: (),
-    StageName.CHECKSUM: (StageName.DOWNLOAD,),
-    StageName.INSPECT: (StageName.DOWNLOAD, StageName.CHECKSUM),
-    StageName.CALIBRATE: (StageName.DOWNLOAD, StageName.INSPECT),
-    StageName.DECOMPOSE: (StageName.DOWNLOAD, StageName.INSPECT, StageName.CALIBRATE),
-    StageName.PACKAGE: (StageName.DOWNLOAD, StageName.INSPECT, StageName.DECOMPOSE),
-    # The source's side of validation is calibrate's reference: validate never reads the source files.
-    StageName.VALIDATE: (StageName.PACKAGE, StageName.DECOMPOSE, StageName.CALIBRATE),
-}
+# Which earlier stages' outputs each stage reads: the one graph, declared in core (orchestration reads
+# it without importing any stage).
+UPSTREAM = STAGE_INPUTS
 
 
 def load_stage(stage: StageName, package: str = "pipeline.stages") -> ModuleType:

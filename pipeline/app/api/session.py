@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 
 from pipeline.app.api.auth import SCOPES, ApiToken, require_scope
-from pipeline.core.states import StageName
+from pipeline.core.states import STAGE_INPUTS, STAGE_ORDER
 
 __all__ = ["router", "read_only_reason"]
 
@@ -50,7 +50,9 @@ def session(request: Request, token: Reader) -> dict[str, Any]:
         "read_only_reason": read_only_reason(token),
         "recipes": sorted(RECIPES),
         "default_recipe": DEFAULT_RECIPE,
-        "stages": [stage.value for stage in StageName],
+        # In the graph's order (each stage after its inputs), with each stage's inputs for the lineage.
+        "stages": [stage.value for stage in STAGE_ORDER],
+        "stage_inputs": {stage.value: [i.value for i in STAGE_INPUTS[stage]] for stage in STAGE_ORDER},
         # Where local sources may come from (hub ids always work); only for those who may submit.
         "source_roots": [str(root) for root in settings.source_root_list] if can_submit else [],
     }

@@ -102,9 +102,9 @@ def guard(func: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 def stage_names() -> list[Any]:
-    from pipeline.core.states import StageName
+    from pipeline.core.states import STAGE_ORDER
 
-    return list(StageName)
+    return list(STAGE_ORDER)
 
 def parse_options(pairs: tuple[str, ...], target: str | None = None) -> dict[str, Any]:
     """``KEY=VALUE`` pairs as text; the option table (`ternary.options`) gives each its kind."""

@@ -2,7 +2,8 @@
 // Columns are the stages that wrote the files; a line joins each file to each file made from it.
 "use strict";
 
-const STAGE_COLUMNS = ["download", "checksum", "inspect", "calibrate", "decompose", "package", "validate"];
+// The stages in the server's graph order (each after its inputs), from /api/session: never spelled here.
+const stageColumns = () => (state.session && state.session.stages) || [];
 const NODE_W = 190;
 const NODE_H = 36;
 const COL_GAP = 70;
@@ -39,10 +40,10 @@ function lineageNodes(report) {
 
 function lineageGraph(report) {
   const bySha = lineageNodes(report);
+  const stages = stageColumns();
   const columnOf = (node) => {
-    const stage = node.name.split("/")[0];
-    const index = STAGE_COLUMNS.indexOf(stage);
-    return index < 0 ? STAGE_COLUMNS.length : index;
+    const index = stages.indexOf(node.name.split("/")[0]);
+    return index < 0 ? stages.length : index;
   };
   const columns = new Map();
   for (const node of bySha.values()) {
@@ -64,7 +65,7 @@ function lineageGraph(report) {
     "aria-label": `lineage of ${report.name}` });
   graph.style.maxWidth = `${width}px`;
   order.forEach((c, ci) => graph.append(svg("text", { x: 8 + ci * (NODE_W + COL_GAP), y: 14, class: "column" },
-    STAGE_COLUMNS[c] || "other")));
+    stages[c] || "other")));
   const edges = svg("g", { class: "edges" });
   graph.append(edges);
   for (const node of bySha.values()) {
