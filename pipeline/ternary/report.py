@@ -25,6 +25,8 @@ class TensorReport:
     ``sparsity`` (fraction of zero codes) and ``absmean_rel_error`` are None for non-ternary
     tensors; ``rel_error`` is ``||w - w_hat||_F / ||w||_F`` of the bytes written, for every type.
     ``sq_error`` / ``absmean_sq_error`` / ``sq_norm`` are the raw sums behind them (for aggregates).
+    ``exact``: the bytes written decode to the source's values bit for bit (checked on the bytes,
+    `ternary.exactness`); reports made before the check existed read as False.
     """
 
     name: str
@@ -43,6 +45,9 @@ class TensorReport:
     absmean_sq_error: float | None
     sq_norm: float
     n_zero: int
+    exact: bool = False
+    # For a ternary tensor not exact in its type: a finer ternary type it decodes exactly in, if any.
+    exact_in: str | None = None
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -71,6 +76,12 @@ def _aggregate(rows: list[TensorReport]) -> dict[str, Any]:
     }
 
 
+def _common_exact_type(lossy: list[TensorReport]) -> str | None:
+    """The finer type every inexact ternary tensor decodes exactly in, when they share one."""
+    types = {r.exact_in for r in lossy if r.is_ternary}
+    return types.pop() if len(types) == 1 and None not in types else None
+
+
 def build_report(rows: Iterable[TensorReport], header: dict[str, Any]) -> dict[str, Any]:
     """The report dict: ``header`` (method, device, recipe …) plus tensors, layers, totals, fallbacks.
 
@@ -92,8 +103,20 @@ def build_report(rows: Iterable[TensorReport], header: dict[str, Any]) -> dict[s
     totals["n_tensors"] = len(rows)
     totals["n_ternary"] = len(tern)
     totals["n_fallback"] = sum(1 for r in rows if r.is_fallback)
+    lossy = [r.name for r in rows if not r.exact]
     return {
         **header,
+        # Lossless: every tensor written decodes to the source's values bit for bit, so the source's
+        # own run can tell validation nothing the weights do not already prove.
+        "exact": bool(rows) and not lossy,
+        "n_inexact": len(lossy),
+        "inexact_examples": lossy[:8],
+        # A finer ternary type that every inexact tensor decodes exactly in (a ternary checkpoint with
+        # one scale per 128 inputs is exact in Q2_0, not in TQ2_0): what the user should convert to.
+        "exact_type": _common_exact_type([r for r in rows if not r.exact]),
+        # The only loss is 16-bit rounding outside the ternary weights (a BF16 embedding stored as F16).
+        "inexact_only_f16": bool(lossy) and all(not r.is_ternary and r.ggml_type == "F16"
+                                                for r in rows if not r.exact),
         "tensors": [asdict(r) for r in rows],
         "layers": {str(k): _aggregate(v) for k, v in sorted(by_layer.items())},
         "totals": totals,

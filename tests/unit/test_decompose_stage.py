@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from pipeline.core.errors import InputError
 from pipeline.core.files import sha256_file
 from pipeline.formats.model_card import ModelCard
 from pipeline.stages.base import InputFile, JobSpec
+from tests.conftest import card_for_checkpoint
 
 source = pytest.importorskip("pipeline.formats.hf.checkpoint", reason="formats/hf/checkpoint.py is missing")
 from pipeline.stages import decompose  # noqa: E402
@@ -174,3 +176,43 @@ def test_dropped_tensors_memory_is_reused(tmp_path: Path) -> None:
     assert second.ctypes.data != address
     del held, second
     assert pool.get(80).ctypes.data == address  # every view gone: reused
+
+
+def _decompose(tmp_path: Path, checkpoint: Path, recipe: str = "tq2_0", **options: Any) -> Any:
+    card = card_for_checkpoint(checkpoint)
+    inputs = _inputs(tmp_path, card, card["shards"], checkpoint)
+    work = tmp_path / f"work-{recipe}-{len(options)}"
+    work.mkdir()
+    return decompose.run(decompose.make_params(JobSpec("demo", recipe, options)), inputs, work), work
+
+
+def test_exactness_is_proven_on_the_bytes_written(demo_checkpoint: Path, tmp_path: Path) -> None:
+    # The demo's linear weights are exactly ternary; its BF16 embedding and head round a little in F16.
+    lossy_f16, _ = _decompose(tmp_path, demo_checkpoint)
+    assert lossy_f16.metrics["exact"] is False and lossy_f16.metrics["n_inexact"] == 2
+    assert "embed_type=bf16" in lossy_f16.metrics["exact_note"]
+    exact, work = _decompose(tmp_path, demo_checkpoint, embed_type="BF16", output_type="BF16")
+    assert exact.metrics["exact"] is True and exact.metrics["n_inexact"] == 0
+    report = json.loads((work / "report.json").read_text())
+    assert report["exact"] is True and all(t["exact"] for t in report["tensors"])
+
+
+def test_a_checkpoint_with_a_scale_per_128_inputs_is_exact_in_q2_0_not_tq2_0(demo_checkpoint: Path,
+                                                                            tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+    folder = tmp_path / "per128"
+    shutil.copytree(demo_checkpoint, folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    gen = torch.Generator().manual_seed(1)
+    for name, weight in tensors.items():
+        if name.endswith("proj.weight"):  # ternary codes times one fp16-exact scale per 128 inputs
+            codes = torch.sign(weight.float())
+            scales = (torch.rand(weight.shape[0], weight.shape[1] // 128, generator=gen) * 0.02 + 0.01).half()
+            tensors[name] = (codes * scales.float().repeat_interleave(128, dim=1)).to(torch.bfloat16)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    options = {"embed_type": "BF16", "output_type": "BF16"}
+    tq2, _ = _decompose(tmp_path, folder, "tq2_0", **options)
+    assert tq2.metrics["exact"] is False and tq2.metrics["exact_type"] == "Q2_0"
+    assert any("--recipe q2_0 converts them without loss" in w for w in tq2.warnings)
+    q2, _ = _decompose(tmp_path, folder, "q2_0", **options)
+    assert q2.metrics["exact"] is True and q2.warnings == ()

@@ -37,6 +37,7 @@ def finish_report(
         "absmean_rel_error": totals["absmean_rel_error"], "bpw": totals["bits_per_weight"],
         "ternary_bpw": totals["ternary_bits_per_weight"], "n_ternary": totals["n_ternary"],
         "n_fallback": totals["n_fallback"], "n_tensors": totals["n_tensors"], "n_bytes": totals["n_bytes"],
+        "exact": report["exact"], "n_inexact": report["n_inexact"], "exact_type": report["exact_type"],
         "device": header.get("device"), "peak_rss_bytes": header.get("peak_rss_bytes"),
         "elapsed_s": header.get("elapsed_s"),
         # What the weights were before: a GGUF source's type histogram (Q4_K: 27, Q6_K: 9, ...).
@@ -46,7 +47,21 @@ def finish_report(
         OutputFile(REPORT_NAME, workdir / REPORT_NAME, "decompose-report", "application/json"),
         OutputFile(PLOT_NAME, workdir / PLOT_NAME, "plot", "image/png"),
     ]
-    return outputs, metrics, tuple(f["reason"] for f in report["fallbacks"])
+    warnings = tuple(f["reason"] for f in report["fallbacks"])
+    if report["exact_type"]:
+        warnings += (
+            f"this conversion is lossy ({report['n_inexact']} tensor(s) do not decode to the source's "
+            "values), "
+            f"but the ternary weights decode exactly in {report['exact_type']} (one scale per 64 inputs): "
+            f"--recipe {report['exact_type'].lower()} converts them without loss ({report['exact_type']} "
+            "runs on CUDA, Metal and Vulkan; on x86 CPUs its kernel is scalar and slow)",)
+    if report["inexact_only_f16"]:
+        # A note, not a warning: F16 is the default that runs everywhere, and its rounding is tiny.
+        metrics["exact_note"] = (
+            "every ternary weight is exact, but storing " + ", ".join(report["inexact_examples"]) + " as F16 "
+            "rounds some of their values; if the source stores them as BF16, embed_type=bf16 and "
+            "output_type=bf16 keep them as stored and the conversion lossless")
+    return outputs, metrics, warnings
 
 
 def merge_part_reports(part_reports: Sequence[Path], shards: Sequence[str], workdir: Path) -> StageResult:

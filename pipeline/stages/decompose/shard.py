@@ -26,6 +26,7 @@ from pipeline.formats.rawio import pread_exact
 from pipeline.stages.decompose.calibration import CalibrationInputs
 from pipeline.stages.decompose.repack import TERNARY_SOURCE_TYPES, repack
 from pipeline.ternary.decompose import decompose_packed
+from pipeline.ternary.exactness import decodes_exactly
 from pipeline.ternary.pack import PART_TYPES, bits_per_weight, decode_bytes, encode_plain, tensor_nbytes
 from pipeline.ternary.packed import PackedMatrix
 from pipeline.ternary.policy import GPTQ, Recipe, TensorDecision
@@ -91,6 +92,9 @@ def _encode(
         sq_error, absmean_sq, sq_norm = result.sq_error, result.absmean_sq_error, result.sq_norm
         sparsity, rel, absmean_rel = result.sparsity, result.rel_error, result.absmean_rel_error
         n_zero = result.n_zero
+        # Only a fit with no error at all can be lossless; its bytes are then decoded and compared.
+        exact = sq_error == 0.0 and decodes_exactly(raw, decision.ggml_type, weight)
+        exact_in = None if exact else _finer_exact_type(weight, decision.ggml_type, device)
     else:
         weight = weight.to(torch.float32)  # 16-bit sources arrive as stored
         # llama.cpp's quants weigh their rounding by the imatrix, as llama-quantize does.
@@ -104,6 +108,8 @@ def _encode(
                 "(recipe options embed_type / output_type / fallback_type)"
             ) from exc
         back = torch.from_numpy(decode_bytes(raw, decision.ggml_type, shape))
+        exact = bool(torch.equal(weight, back))
+        exact_in = None
         sq_error = float(((weight - back) ** 2).sum(dtype=torch.float64))
         sq_norm = float((weight * weight).sum(dtype=torch.float64))
         rel = (sq_error / sq_norm) ** 0.5 if sq_norm > 0 else 0.0
@@ -114,9 +120,32 @@ def _encode(
         n_bytes=int(raw.size),
         bits_per_weight=bits_per_weight(decision.ggml_type), rel_error=rel, sparsity=sparsity,
         absmean_rel_error=absmean_rel, sq_error=sq_error, absmean_sq_error=absmean_sq, sq_norm=sq_norm,
-        n_zero=n_zero,
+        n_zero=n_zero, exact=exact, exact_in=exact_in,
     )
     return raw, line
+
+
+_FINER = {"TQ2_0": "Q2_0", "TQ1_0": "Q2_0"}  # one scale per 256 inputs -> Q2_0's one per 64
+_PEEK_ROWS = 16
+
+
+def _finer_exact_type(weight: torch.Tensor, ggml_type: str, device: torch.device) -> str | None:
+    """Q2_0 when a ternary tensor not exact in ``ggml_type`` (a 256-block type) decodes exactly in it.
+
+    A cheap look first (a few rows: every 64-group's magnitudes are 0 or one value), so an ordinary
+    lossy model pays almost nothing; only a tensor that looks ternary per group is fitted again."""
+    finer = _FINER.get(ggml_type)
+    if finer is None or weight.ndim != 2 or weight.shape[1] % 64:
+        return None
+    peek = weight[:_PEEK_ROWS].to(torch.float32).abs().reshape(-1, 64)
+    top = peek.amax(dim=1, keepdim=True)
+    if not bool(((peek == 0) | (peek == top)).all()):
+        return None
+    try:
+        fitted = decompose_packed(weight, finer, "optimal", device=device)
+    except ValueError:
+        return None
+    return finer if fitted.sq_error == 0.0 and decodes_exactly(fitted.raw, finer, weight) else None
 
 
 def _write_tensor(handle: BinaryIO, name: str, raw: npt.NDArray[np.uint8], expected_bytes: int) -> None:
@@ -277,7 +306,7 @@ def _encode_or_repack(
         is_fallback=decision.is_fallback, reason=f"{decision.reason}; {moved.note}", n_params=weight.numel(),
         n_bytes=int(moved.raw.size), bits_per_weight=bits_per_weight(decision.ggml_type), rel_error=0.0,
         sparsity=float((values == 0).mean()) if values.size else 0.0, absmean_rel_error=None,
-        sq_error=0.0, absmean_sq_error=None, sq_norm=sq_norm, n_zero=int((values == 0).sum()),
+        sq_error=0.0, absmean_sq_error=None, sq_norm=sq_norm, n_zero=int((values == 0).sum()), exact=True,
     )
     return moved.raw, line
 
