@@ -9,6 +9,7 @@ from pipeline.artifacts.store import ArtifactStore, shareable_uri
 from pipeline.core.states import STAGE_ORDER, StageName, StageState
 from pipeline.db.models import Job, StageRun
 from pipeline.orchestration import coordinator
+from pipeline.orchestration.plan import plan_for
 
 __all__ = ["job_summary", "job_detail", "run_view"]
 
@@ -30,7 +31,7 @@ def job_summary(job: Job) -> dict[str, Any]:
 
     latest = _latest(job)
     states = {stage: StageState(run.status) for stage, run in latest.items()}
-    current = coordinator.next_step(states)
+    current = coordinator.next_step(states, plan_for(job.recipe, job.params).order)
     return {
         "id": job.id,
         "source": job.source,

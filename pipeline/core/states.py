@@ -19,6 +19,9 @@ __all__ = [
     "JobState",
     "STAGE_INPUTS",
     "STAGE_ORDER",
+    "DONE_STATES",
+    "stage_inputs",
+    "topological_order",
     "require",
     "downstream_of",
     "upstream_of",
@@ -49,18 +52,29 @@ STAGE_INPUTS: Mapping[StageName, tuple[StageName, ...]] = MappingProxyType({
 })
 
 
-def _topological(inputs: Mapping[StageName, tuple[StageName, ...]]) -> tuple[StageName, ...]:
-    """The stages so that each comes after all of its inputs; ties in declaration order."""
+def topological_order(inputs: Mapping[StageName, tuple[StageName, ...]],
+                      defer: tuple[StageName, ...] = ()) -> tuple[StageName, ...]:
+    """The stages so that each comes after all of its inputs; ties in declaration order, except that
+    a stage in ``defer`` goes only when nothing else is ready."""
     order: list[StageName] = []
     while len(order) < len(inputs):
         ready = [s for s in StageName if s not in order and all(i in order for i in inputs[s])]
         if not ready:
             raise ValueError(f"the stage graph has a cycle among {sorted(set(inputs) - set(order))}")
-        order.append(ready[0])
+        order.append(next((s for s in ready if s not in defer), ready[0]))
     return tuple(order)
 
 
-STAGE_ORDER: tuple[StageName, ...] = _topological(STAGE_INPUTS)
+STAGE_ORDER: tuple[StageName, ...] = topological_order(STAGE_INPUTS)
+
+
+def stage_inputs(*, decompose_reads_calibrate: bool = True) -> Mapping[StageName, tuple[StageName, ...]]:
+    """The graph one job runs by: `STAGE_INPUTS`, less decompose's edge from calibrate when its recipe
+    reads no statistics (known when the job is planned)."""
+    if decompose_reads_calibrate:
+        return STAGE_INPUTS
+    decompose = tuple(s for s in STAGE_INPUTS[StageName.DECOMPOSE] if s is not StageName.CALIBRATE)
+    return MappingProxyType({**STAGE_INPUTS, StageName.DECOMPOSE: decompose})
 
 
 class StageState(StrEnum):
@@ -71,15 +85,26 @@ class StageState(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     SKIPPED_CACHED = "skipped-cached"
+    # Its only readers turned out not to need it (calibrate, when decompose proved the conversion
+    # exact): recorded with the reason, no outputs; a retry from it runs it.
+    NOT_NEEDED = "not-needed"
 
     @property
     def is_final(self) -> bool:
         return self in _FINAL_STAGE_STATES
 
+    @property
+    def is_done(self) -> bool:
+        """Whether the stage no longer holds up what depends on it."""
+        return self in DONE_STATES
+
 
 _FINAL_STAGE_STATES = frozenset(
-    {StageState.SUCCEEDED, StageState.FAILED, StageState.CANCELLED, StageState.SKIPPED_CACHED}
+    {StageState.SUCCEEDED, StageState.FAILED, StageState.CANCELLED, StageState.SKIPPED_CACHED,
+     StageState.NOT_NEEDED}
 )
+# The one "done" set: a stage in one of these states lets the stages after it run.
+DONE_STATES = frozenset({StageState.SUCCEEDED, StageState.SKIPPED_CACHED, StageState.NOT_NEEDED})
 
 
 class JobState(StrEnum):
@@ -96,7 +121,7 @@ class JobState(StrEnum):
 
 _S = StageState
 _STAGE_MOVES: dict[StageState, frozenset[StageState]] = {
-    _S.PENDING: frozenset({_S.QUEUED, _S.RUNNING, _S.SKIPPED_CACHED, _S.CANCELLED, _S.FAILED}),
+    _S.PENDING: frozenset({_S.QUEUED, _S.RUNNING, _S.SKIPPED_CACHED, _S.CANCELLED, _S.FAILED, _S.NOT_NEEDED}),
     # queued -> queued is a re-dispatch of the same attempt by the reconciler.
     _S.QUEUED: frozenset({_S.QUEUED, _S.RUNNING, _S.SKIPPED_CACHED, _S.CANCELLED, _S.FAILED}),
     # running -> skipped-cached: the claimed attempt found an equal earlier result.
@@ -105,6 +130,7 @@ _STAGE_MOVES: dict[StageState, frozenset[StageState]] = {
     _S.FAILED: frozenset(),
     _S.CANCELLED: frozenset(),
     _S.SKIPPED_CACHED: frozenset(),
+    _S.NOT_NEEDED: frozenset(),
 }
 
 _J = JobState
@@ -130,19 +156,22 @@ def require(old: StageState | JobState, new: StageState | JobState) -> None:
         raise IllegalTransition(f"illegal status change {old.value} -> {new.value}")
 
 
-def upstream_of(stage: StageName) -> tuple[StageName, ...]:
-    """Every stage `stage` depends on, directly or through others, in `STAGE_ORDER`."""
+def upstream_of(stage: StageName, inputs: Mapping[StageName, tuple[StageName, ...]] = STAGE_INPUTS,
+                ) -> tuple[StageName, ...]:
+    """Every stage `stage` depends on in the graph ``inputs``, directly or through others, in
+    `STAGE_ORDER`."""
     found: set[StageName] = set()
-    pending = list(STAGE_INPUTS[stage])
+    pending = list(inputs[stage])
     while pending:
         item = pending.pop()
         if item not in found:
             found.add(item)
-            pending.extend(STAGE_INPUTS[item])
+            pending.extend(inputs[item])
     return tuple(s for s in STAGE_ORDER if s in found)
 
 
-def downstream_of(stage: StageName) -> tuple[StageName, ...]:
-    """`stage` and every stage that depends on it, directly or through others, in `STAGE_ORDER`:
-    what a retry from `stage` re-opens."""
-    return tuple(s for s in STAGE_ORDER if s == stage or stage in upstream_of(s))
+def downstream_of(stage: StageName, inputs: Mapping[StageName, tuple[StageName, ...]] = STAGE_INPUTS,
+                  ) -> tuple[StageName, ...]:
+    """`stage` and every stage that depends on it in the graph ``inputs``, directly or through others,
+    in `STAGE_ORDER`: what a retry from `stage` re-opens."""
+    return tuple(s for s in STAGE_ORDER if s == stage or stage in upstream_of(s, inputs))

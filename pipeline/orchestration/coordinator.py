@@ -5,15 +5,14 @@ No I/O here: callers pass the newest attempt's status per stage and act on the a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from pipeline.core.states import STAGE_ORDER, StageName, StageState, downstream_of
+from pipeline.core.states import DONE_STATES, STAGE_INPUTS, STAGE_ORDER, StageName, StageState, downstream_of
 
 __all__ = ["StepKind", "Step", "next_step", "progress", "retry_stages"]
 
-_DONE = frozenset({StageState.SUCCEEDED, StageState.SKIPPED_CACHED})
 
 
 class StepKind(StrEnum):
@@ -37,9 +36,10 @@ class Step:
     delay_s: float = 0.0
 
 
-def next_step(latest: Mapping[StageName, StageState]) -> Step:
-    """Walk the stages in order; the first one not done decides (RUN, WAIT, STOPPED or DONE)."""
-    for stage in STAGE_ORDER:
+def next_step(latest: Mapping[StageName, StageState], order: Sequence[StageName] = STAGE_ORDER) -> Step:
+    """Walk the stages in ``order`` (the job's plan); the first one not done decides (RUN, WAIT,
+    STOPPED or DONE)."""
+    for stage in order:
         state = latest.get(stage)
         if state is None or state is StageState.PENDING:
             return Step(StepKind.RUN, stage)
@@ -52,17 +52,20 @@ def next_step(latest: Mapping[StageName, StageState]) -> Step:
 
 def progress(latest: Mapping[StageName, StageState]) -> float:
     """Fraction of stages done, in [0, 1]."""
-    done = sum(1 for stage in STAGE_ORDER if latest.get(stage) in _DONE)
+    done = sum(1 for stage in STAGE_ORDER if latest.get(stage) in DONE_STATES)
     return done / len(STAGE_ORDER)
 
 
 def retry_stages(
-    latest: Mapping[StageName, StageState], from_stage: StageName | None
+    latest: Mapping[StageName, StageState], from_stage: StageName | None,
+    order: Sequence[StageName] = STAGE_ORDER,
+    inputs: Mapping[StageName, tuple[StageName, ...]] = STAGE_INPUTS,
 ) -> tuple[StageName, ...]:
-    """Stages that get a new attempt on retry: `from_stage` (default: the first not done) and after."""
+    """Stages that get a new attempt on retry: `from_stage` (default: the first not done in ``order``)
+    and what depends on it in the job's graph ``inputs``."""
     if from_stage is None:
-        decision = next_step(latest)
+        decision = next_step(latest, order)
         if decision.stage is None:
             return ()
         from_stage = decision.stage
-    return downstream_of(from_stage)
+    return downstream_of(from_stage, inputs)

@@ -35,10 +35,11 @@ from pipeline.orchestration import fanout
 from pipeline.orchestration.attempt_log import AttemptLog
 from pipeline.orchestration.heartbeat import Heartbeat
 from pipeline.orchestration.memory_guard import MemoryGuard
+from pipeline.orchestration.plan import plan_for
 from pipeline.orchestration.progression import OUT_OF_MEMORY
 from pipeline.orchestration.recording import plain, record_failure, record_success, reuse_cached
 from pipeline.orchestration.runtime import Runtime
-from pipeline.stages import UPSTREAM, load_stage
+from pipeline.stages import load_stage
 from pipeline.stages.base import InputFile, JobSpec, StageResult
 
 __all__ = ["execute_run", "join_shards", "cache_key", "gather_inputs"]
@@ -59,12 +60,14 @@ def cache_key(stage: StageName, version: str, params: Any, inputs: Mapping[str, 
 
 
 def gather_inputs(session: Session, store: ArtifactStore, job: Job, stage: StageName) -> dict[str, InputFile]:
-    """Outputs of the newest successful attempt of each upstream stage, keyed "<stage>/<name>"."""
+    """Outputs of the newest done attempt of each upstream stage, keyed "<stage>/<name>" (a stage
+    recorded as not needed gives none)."""
     runs = repo.latest_runs(session, job.id, with_links=True)
     inputs: dict[str, InputFile] = {}
-    for upstream in UPSTREAM[stage]:
+    # The job's own graph: decompose reads calibrate only under recipes that ask for statistics.
+    for upstream in plan_for(job.recipe, job.params).inputs[stage]:
         run = runs.get(upstream)
-        if run is None or run.status not in (StageState.SUCCEEDED.value, StageState.SKIPPED_CACHED.value):
+        if run is None or not StageState(run.status).is_done:
             raise InputError(
                 f"job {job.id}: stage {stage.value} needs {upstream.value}, whose latest attempt "
                 f"is {run.status if run else 'missing'}; retry from {upstream.value}"

@@ -17,6 +17,7 @@ from pipeline.core.errors import InputError
 from pipeline.core.states import JobState, StageName, StageState, upstream_of
 from pipeline.db import repo
 from pipeline.orchestration import coordinator
+from pipeline.orchestration.plan import plan_for
 from pipeline.provenance.statements import redact
 from pipeline.stages.base import JobSpec
 from pipeline.stages.sources import SourcePolicy, escaped
@@ -209,12 +210,13 @@ def retry_job(session: Session, job_id: int, from_stage: StageName | None, force
     if active:
         raise InputError(f"job {job_id} has {', '.join(active)} queued or running; cancel it or wait")
     states = {stage: StageState(run.status) for stage, run in latest.items()}
-    stages = coordinator.retry_stages(states, from_stage)
+    plan = plan_for(job.recipe, job.params)
+    stages = coordinator.retry_stages(states, from_stage, plan.order, plan.inputs)
     if not stages:
         raise InputError(f"job {job_id} has nothing to retry: every stage succeeded (use --from STAGE)")
     first = stages[0]
-    upstream_missing = [s.value for s in upstream_of(first)
-                        if states.get(s) not in (StageState.SUCCEEDED, StageState.SKIPPED_CACHED)]
+    upstream_missing = [s.value for s in upstream_of(first, plan.inputs)
+                        if not (states.get(s) is not None and states[s].is_done)]
     if upstream_missing:
         raise InputError(f"job {job_id}: cannot retry from {first.value} before "
                          f"{', '.join(upstream_missing)} succeeded; retry from {upstream_missing[0]}")

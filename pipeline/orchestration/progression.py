@@ -16,6 +16,7 @@ from pipeline.db import repo
 from pipeline.db.models import Job, StageRun
 from pipeline.orchestration import coordinator
 from pipeline.orchestration.coordinator import Step, StepKind
+from pipeline.orchestration.plan import JobPlan, calibrate_not_needed, plan_for
 
 __all__ = ["advance_job", "retry_delay_s", "WORKER_LOST", "OUT_OF_MEMORY"]
 
@@ -49,8 +50,12 @@ def advance_job(
     job = _lock_job(session, job_id)
     if JobState(job.status) is JobState.CANCELLED:
         return Step(StepKind.CANCELLED)
+    plan = plan_for(job.recipe, job.params)
     latest = repo.latest_runs(session, job_id)
-    decision = coordinator.next_step({stage: StageState(run.status) for stage, run in latest.items()})
+    decision = coordinator.next_step(_states(latest), plan.order)
+    if _settle_calibrate(session, job, plan, decision, latest):
+        latest = repo.latest_runs(session, job_id)
+        decision = coordinator.next_step(_states(latest), plan.order)
     if decision.kind is StepKind.DONE:
         repo.set_job_state(session, job, JobState.SUCCEEDED)
         return Step(StepKind.DONE)
@@ -73,6 +78,27 @@ def advance_job(
         return _ready(session, job, again, task_id, retry_delay_s(failed.attempt, retry_base_s))
     repo.set_job_state(session, job, JobState.FAILED, error_message=_failure_reason(session, job, failed))
     return Step(StepKind.FAILED, stage, failed.id)
+
+
+def _states(latest: dict[StageName, StageRun]) -> dict[StageName, StageState]:
+    return {stage: StageState(run.status) for stage, run in latest.items()}
+
+
+def _settle_calibrate(session: Session, job: Job, plan: JobPlan, decision: Step,
+                      latest: dict[StageName, StageRun]) -> bool:
+    """Record calibrate as not needed when its turn comes in a job whose decompose proved the
+    conversion exact (its first attempt only: a retry from calibrate runs it). True if recorded."""
+    is_first_turn = decision.kind is StepKind.RUN and decision.stage is StageName.CALIBRATE and (
+        StageName.CALIBRATE not in latest)
+    if not (plan.calibrate_if_lossy and is_first_turn):
+        return False
+    decompose = latest.get(StageName.DECOMPOSE)
+    reason = calibrate_not_needed(decompose.metrics if decompose is not None else None)
+    if reason is None:
+        return False
+    run = repo.new_attempt(session, job, StageName.CALIBRATE)
+    repo.set_stage_state(session, run, StageState.NOT_NEEDED, metrics={"not_needed": reason})
+    return True
 
 
 def _ready(session: Session, job: Job, run: StageRun, task_id: str | None, delay_s: float) -> Step:

@@ -28,7 +28,7 @@ from pipeline.formats.gguf.types import block_geometry
 
 __all__ = [
     "Recipe", "TensorDecision", "RECIPES", "LINEAR_KINDS", "METHODS", "BONSAI_METHODS", "HIGH_PRECISION",
-    "FALLBACK_TYPES", "AUTO", "get_recipe", "decide", "importance_for",
+    "FALLBACK_TYPES", "AUTO", "get_recipe", "decide", "importance_for", "reads_statistics",
 ]
 
 # Per-block linear weights llama.cpp multiplies activations by: the ternary candidates.
@@ -246,6 +246,14 @@ def decide(gguf_name: str, shape: tuple[int, ...], recipe: Recipe) -> TensorDeci
 def _has_levels(recipe: Recipe) -> bool:
     """True when the recipe's ``levels`` knob applies (the q2_0 recipe)."""
     return recipe.name in _LEVELS_RECIPES
+
+
+def reads_statistics(recipe: str, options: Mapping[str, Any]) -> bool:
+    """Whether decompose under this recipe reads calibrate's outputs: an importance matrix, Gram
+    matrices (gptq), or the source reference (a quality target). Known when the job is planned; it
+    decides whether calibrate must come before decompose."""
+    made = get_recipe(recipe, options)
+    return importance_for(made.name, options) == "imatrix" or made.method == GPTQ or made.has_quality_target
 
 
 def importance_for(recipe: str, options: Mapping[str, Any]) -> str:

@@ -40,10 +40,12 @@ def test_workers_with_their_own_homes_convert_through_the_bucket(cluster: Cluste
     assert set(statuses.values()) == {"succeeded"}, [j.error_message for j in cluster.jobs()]
 
     runs = [r for r in cluster.runs() if r.status == "succeeded"]
-    calibrate = next(r for r in runs if r.stage == "calibrate")
-    assert calibrate.metrics["store_cache_misses"] > 0 and calibrate.metrics["store_downloaded_bytes"] > 0
+    # Decompose is a tq2_0 job's first gpu stage; calibrate runs after package (the demo's F16
+    # embedding makes the conversion lossy, so validate needs the source's reference).
     decompose = next(r for r in runs if r.stage == "decompose")
-    assert decompose.metrics["store_cache_hits"] > 0, "decompose read the source calibrate fetched"
+    assert decompose.metrics["store_cache_misses"] > 0 and decompose.metrics["store_downloaded_bytes"] > 0
+    calibrate = next(r for r in runs if r.stage == "calibrate")
+    assert calibrate.metrics["store_cache_hits"] > 0, "calibrate read the source decompose fetched"
     package = next(r for r in runs if r.stage == "package")
     assert package.metrics["store_cache_misses"] > 0, "package fetched decompose's parts from the bucket"
     assert package.metrics["store_cache_hits"] > 0, "and read the card it wrote itself from its cache"

@@ -46,21 +46,22 @@ def test_message_held_by_a_dead_consumer_is_sent_again(cluster: Cluster, demo_ch
     cluster.start_worker(queues="io,cpu")
     cluster.start_reconciler(every_s=0.5)
     (job_id,) = cluster.submit(str(demo_checkpoint))
-    cluster.wait_for(lambda: any(r.status == "queued" for r in cluster.runs(stage="calibrate")), 120,
-                     "calibrate (the first gpu stage) to be queued")
+    # Decompose is a tq2_0 job's first gpu stage: calibrate waits for its verdict (issue 25).
+    cluster.wait_for(lambda: any(r.status == "queued" for r in cluster.runs(stage="decompose")), 120,
+                     "decompose (the first gpu stage) to be queued")
     taken = subprocess.run([sys.executable, "-c", _TAKE_AND_DIE, cluster.broker_url], capture_output=True,
                            text=True, timeout=90, cwd=Path(__file__).resolve().parents[2])
     held_task_id = taken.stdout.strip()
-    (run,) = cluster.runs(stage="calibrate")
+    (run,) = cluster.runs(stage="decompose")
     assert held_task_id == run.task_id, taken.stderr  # the dead consumer held exactly this run's message
     started = time.monotonic()
     cluster.start_worker(queues="gpu")
     assert cluster.wait_jobs_final([job_id], timeout_s=90) == {job_id: "succeeded"}
     # Recovered within the grace period (heartbeat timeout 3 s here), not the 13 h visibility timeout.
     assert time.monotonic() - started < 60
-    (calibrate,) = cluster.runs(stage="calibrate")
-    assert calibrate.status == "succeeded" and calibrate.attempt == 1
-    assert calibrate.task_id != held_task_id  # sent again under a new id; the old copy stays harmless
+    (decompose,) = cluster.runs(stage="decompose")
+    assert decompose.status == "succeeded" and decompose.attempt == 1
+    assert decompose.task_id != held_task_id  # sent again under a new id; the old copy stays harmless
 
 
 def test_live_workers_beat_with_the_tasks_they_hold(cluster: Cluster, demo_checkpoint: Path) -> None:

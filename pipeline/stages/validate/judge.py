@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Check", "AgreementStats", "repetition_of", "first_answer", "agreement_stats", "verdict_of",
-    "answer_check", "source_answer_check", "repetition_check", "agreement_check",
+    "answer_check", "source_answer_check", "repetition_check", "agreement_check", "exact_agreement",
 ]
 
 _MAX_TOKEN_RUN = 4  # the same token this many times in a row is a loop, not an answer
@@ -238,6 +238,14 @@ def repetition_check(candidate: ProbeResult, source: ProbeResult | None) -> Chec
     return Check("repetition", "warn", f"{listed}; on the same prompt "
                  + "; ".join(f"{kind}: {reason}" for kind, reason in why_not.items())
                  + ", so the conversion is not to blame", numbers)
+
+
+def exact_agreement() -> Check:
+    """Agreement for a file decompose proved bit-exact: nothing to measure, the weights are the source's."""
+    return Check("agreement", "pass",
+                 "not measured: weights bit-exact (decompose decoded every tensor it wrote back to the "
+                 "source's values; its report.json is the proof), so the file computes what the source does",
+                 {"measured": False, "exact": True})
 
 
 def agreement_check(

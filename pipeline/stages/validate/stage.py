@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,7 @@ from pipeline.stages.validate.judge import (
     Check,
     agreement_check,
     answer_check,
+    exact_agreement,
     first_answer,
     quality_target_check,
     repetition_check,
@@ -123,6 +125,15 @@ def _load_decompose_report(inputs: Mapping[str, InputFile]) -> dict[str, Any] | 
     return report if isinstance(report, dict) else None
 
 
+def _is_exact_without_reference(inputs: Mapping[str, InputFile]) -> bool:
+    """Decompose proved the file bit-exact and calibrate was not needed (no source reference)."""
+    from pipeline.stages.calibrate.answers import REFERENCE_NAME
+
+    if f"calibrate/{REFERENCE_NAME}" in inputs:
+        return False
+    return bool((_load_decompose_report(inputs) or {}).get("exact"))
+
+
 def _drop_logits(*probes: ProbeResult | None) -> None:
     for probe in probes:
         if probe and probe.logits_path:
@@ -158,7 +169,8 @@ def _checks(
                 )
             )
         checks += [c for c in [source_answer_check(source, params)] if c is not None]
-        agreement = agreement_check(candidate, source, why, params, reference)
+        exact = source is None and bool((decompose_report or {}).get("exact"))
+        agreement = exact_agreement() if exact else agreement_check(candidate, source, why, params, reference)
         checks += [repetition_check(candidate, source), agreement]
         checks += [c for c in [quality_target_check(agreement, decompose_report)] if c is not None]
     finally:
@@ -197,7 +209,10 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
         except IntegrityError as exc:
             checks.append(Check("loads", "fail", f"the file's GGUF structure is broken: {exc}"))
         if summary is not None:
-            candidate, why = child.run(_request(item.path, params), params.timeout_s)
+            request = _request(item.path, params)
+            if _is_exact_without_reference(inputs):
+                request = replace(request, text=None)  # nothing to score the text's logits against
+            candidate, why = child.run(request, params.timeout_s)
     if summary is not None:
         if candidate is None:
             checks.append(Check("loads", "fail", why))
