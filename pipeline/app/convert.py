@@ -29,6 +29,7 @@ _MARKS = {
     StageState.SKIPPED_CACHED: "[cyan]cached[/cyan]",
     StageState.FAILED: "[red]FAILED[/red]",
     StageState.CANCELLED: "[yellow]cancelled[/yellow]",
+    StageState.NOT_NEEDED: "[dim]not needed[/dim] (the conversion is bit-exact: no source run)",
 }
 
 

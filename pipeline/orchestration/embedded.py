@@ -12,6 +12,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
 
 from pipeline.core.states import JobState, StageName, StageState
 from pipeline.db.models import Job, StageRun
@@ -89,13 +92,26 @@ def _ternary_type(rt: Runtime, job_id: int) -> str | None:
         return None
 
 
+def _not_needed(session: Any, job_id: int) -> dict[int, StageName]:
+    query = select(StageRun.id, StageRun.stage).where(
+        StageRun.job_id == job_id, StageRun.status == StageState.NOT_NEEDED.value)
+    return {run_id: StageName(stage) for run_id, stage in session.execute(query)}
+
+
 def run_job(rt: Runtime, job_id: int, on_event: Callable[[StageEvent], None] | None = None) -> JobState:
     """Run every remaining stage of `job_id` in order; returns the job's final state."""
     notify = on_event or (lambda _event: None)
     warm_up(_ternary_type(rt, job_id))
+    with session_scope(rt.sessions) as session:
+        told = set(_not_needed(session, job_id))
     while True:
         with session_scope(rt.sessions) as session:
             step = advance_job(session, job_id, max_attempts=rt.max_attempts, retry_base_s=rt.retry_base_s)
+            # A stage recorded as not needed while deciding (calibrate of an exact conversion) is news too.
+            for run_id, stage in _not_needed(session, job_id).items():
+                if run_id not in told:
+                    told.add(run_id)
+                    notify(StageEvent(job_id, stage, StageState.NOT_NEEDED))
         if step.kind in _FINAL:
             return _FINAL[step.kind]
         assert step.stage is not None and step.run_id is not None

@@ -5,7 +5,7 @@
 "use strict";
 
 const TOKEN_KEY = "bonsai.token";
-const FINAL = new Set(["succeeded", "failed", "cancelled", "skipped-cached"]);
+const FINAL = new Set(["succeeded", "failed", "cancelled", "skipped-cached", "not-needed"]);
 const REFRESH_MS = 3000;
 const state = {
   jobId: null, jobStatus: null, jobKey: null, chainSha: null, chainJobId: null, timer: null, blobs: [], session: null,
