@@ -22,9 +22,13 @@ What it needs, and where it looks:
 ``<cache>`` is ``BONSAI_BENCH_CACHE`` or ``~/.cache/bonsai-bench``. The checkpoint lives in a
 temporary folder that is deleted at the end (``--keep`` keeps it).
 
-    .venv/bin/python bench/route.py [--runs 1] [--workdir DIR] [--keep]
+    .venv/bin/python bench/route.py [--runs 1] [--workdir DIR] [--keep] [--option KEY=VALUE ...]
 
-Last line: ``route: llama_s=… bonsai_no_validate_s=… bonsai_s=… ratio_no_validate=… ratio=…``.
+``--option embed_type=bf16 --option output_type=bf16`` keeps the BF16 embedding and head as stored:
+the conversion is then bit-exact, and calibrate is recorded as not needed (no source run).
+
+Last line: ``route: llama_s=… bonsai_no_validate_s=… bonsai_s=… ratio_no_validate=… ratio=… overlap_s=…``
+(``overlap_s``: stage time that ran beside another stage).
 ``bonsai_no_validate_s`` is the whole job less its validation work: the validate stage, and the
 calibrate stage when no stage but validate read its outputs (the recipe collected no statistics,
 so calibrate only ran the source for validate's reference; with ``importance`` or ``method=gptq``
@@ -206,34 +210,46 @@ def _utc(text: str) -> float:
     return (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).timestamp()
 
 
-def run_bonsai(ckpt: Path, home: Path) -> dict[str, Any]:
-    """`bonsai convert` in a fresh embedded home; wall time and the stage breakdown of `show --json`."""
+def run_bonsai(ckpt: Path, home: Path, options: list[str] | None = None) -> dict[str, Any]:
+    """`bonsai convert` in a fresh embedded home; wall time and the stage breakdown of `show --json`.
+    ``options``: ``KEY=VALUE`` job options passed on (``--option``)."""
     env = {**os.environ, "BONSAI_HOME": str(home), "BONSAI_OUTPUT_DIR": str(home / "out")}
     for name in ("BONSAI_DATABASE_URL", "BONSAI_BROKER_URL", "BONSAI_ARTIFACT_ROOT"):
         env.pop(name, None)
     bonsai = [sys.executable, "-m", "pipeline"]
     os.sync()
     wall_started = time.time()
-    seconds, _ = _timed([*bonsai, "convert", str(ckpt)], env, "bonsai convert")
+    extra = [arg for option in options or () for arg in ("--option", option)]
+    seconds, _ = _timed([*bonsai, "convert", str(ckpt), *extra], env, "bonsai convert")
     wall_ended = wall_started + seconds
     show = subprocess.run([*bonsai, "show", "1", "--json"], env=env, cwd=_ROOT, capture_output=True,
                           text=True, check=True)
     detail = json.loads(show.stdout)
     stages = [(s["stage"], float(s["duration_s"] or 0.0), _utc(s["started_at"]), _utc(s["finished_at"]))
               for s in detail["stages"] if s["status"] in ("succeeded", "skipped-cached")]
-    if len(stages) != len(detail["stages"]) or detail["status"] != "succeeded":
+    skipped = [s["stage"] for s in detail["stages"] if s["status"] == "not-needed"]
+    if len(stages) + len(skipped) != len(detail["stages"]) or detail["status"] != "succeeded":
         raise SystemExit(f"bonsai convert did not succeed: {detail['status']}: {detail['error_message']}")
     readers = {s["stage"] for s in detail["stages"] if s["stage"] != "validate"
                and any(item["name"].startswith("calibrate/") for item in s.get("inputs") or ())}
     stage_s = {name: duration for name, duration, _, _ in stages}
     validation_s = stage_s.get("validate", 0.0) + (0.0 if readers else stage_s.get("calibrate", 0.0))
+    # Runs order by their start: stage time that overlapped another stage's (concurrent stages).
+    spans = sorted((start, end) for _, _, start, end in stages)
+    overlap_s = sum(max(0.0, min(end, later_end) - later_start) for i, (_, end) in enumerate(spans)
+                    for later_start, later_end in spans[i + 1:])
     return {
         "wall_s": seconds,
         "stages": stage_s,
+        "not_needed": skipped,
+        "overlap_s": overlap_s,
+        "exact": next((s["metrics"].get("exact") for s in detail["stages"] if s["stage"] == "decompose"),
+                      None),
         "validation_s": validation_s,
         "calibrate_readers": sorted(readers),
         "before_first_s": stages[0][2] - wall_started,
-        "between_s": sum(nxt[2] - prev[3] for prev, nxt in zip(stages, stages[1:], strict=False)),
+        "between_s": sum(nxt[0] - prev[1] for prev, nxt in zip(spans, spans[1:], strict=False)
+                         if nxt[0] > prev[1]),
         "after_last_s": wall_ended - stages[-1][3],
         "checksum_metrics": next(s["metrics"] for s in detail["stages"] if s["stage"] == "checksum"),
     }
@@ -252,6 +268,8 @@ def _print_breakdown(llama: dict[str, float], ours: dict[str, Any]) -> None:
         print(f"{'  ' + name:40s} {duration:8.2f}")
     print(f"{'  between stages':40s} {ours['between_s']:8.2f}")
     print(f"{'  after the last stage, to exit':40s} {ours['after_last_s']:8.2f}")
+    for name in ours["not_needed"]:
+        print(f"{'  ' + name:40s} {'skipped':>8s}  (not needed: decompose proved the conversion exact)")
     readers = ", ".join(ours["calibrate_readers"]) or "only validate"
     less_validate = ours["wall_s"] - ours["stages"].get("validate", 0.0)
     print(f"{'whole job less its validate stage':40s} {less_validate:8.2f}")
@@ -270,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=1, help="timed runs of each side; medians are reported")
     parser.add_argument("--workdir", type=Path, default=None, help="where the temporary folder goes")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    parser.add_argument("--option", dest="options", action="append", default=[],
+                        help="job option KEY=VALUE for bonsai convert (repeatable), e.g. embed_type=bf16")
     parser.add_argument("--child-quantize", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child_quantize:
@@ -288,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         llamas, ours = [], []
         for index in range(args.runs):
             llamas.append(run_llama_route(tree, ckpt, root))
-            ours.append(run_bonsai(ckpt, root / f"home{index}"))
+            ours.append(run_bonsai(ckpt, root / f"home{index}", args.options))
             shutil.rmtree(root / f"home{index}")
     finally:
         if not args.keep:
@@ -305,8 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     llama_s = statistics.median(r["total_s"] for r in llamas)
     bonsai_s = statistics.median(r["wall_s"] for r in ours)
     no_validate_s = statistics.median(r["wall_s"] - r["validation_s"] for r in ours)
+    overlap_s = statistics.median(r["overlap_s"] for r in ours)
     print(f"route: llama_s={llama_s:.2f} bonsai_no_validate_s={no_validate_s:.2f} bonsai_s={bonsai_s:.2f} "
-          f"ratio_no_validate={no_validate_s / llama_s:.3f} ratio={bonsai_s / llama_s:.3f}")
+          f"ratio_no_validate={no_validate_s / llama_s:.3f} ratio={bonsai_s / llama_s:.3f} "
+          f"overlap_s={overlap_s:.2f}")
     return 0
 
 
