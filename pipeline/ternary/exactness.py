@@ -34,32 +34,19 @@ def _same(decoded: Any, bits: Any, shift: int) -> bool:  # pragma: no cover - co
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _tq2_0_mismatches(qs: Any, scales: Any, values: Any, shift: int) -> int:  # pragma: no cover - compiled
+def _mismatches(qs: Any, scales: Any, values: Any, shift: int, rows_of_32: bool) -> int:  # pragma: no cover
+    """How many values differ from what 2-bit codes ``qs[block, byte]`` times ``scales[block]`` decode
+    to. ``rows_of_32``: TQ2_0's layout (byte j's four codes are elements j, j+32, j+64, j+96 of its
+    half-block of 128); else Q2_0's (byte j holds elements 4j .. 4j+3)."""
     bad = 0
     for b in numba.prange(scales.shape[0]):
         d = scales[b]
         miss = 0
-        for half in range(2):
-            for lane in range(4):
-                for k in range(32):
-                    code = (qs[b, half * 32 + k] >> (2 * lane)) & 3
-                    decoded = np.float32(np.int32(code) - 1) * d
-                    if not _same(decoded, values[b, half * 128 + lane * 32 + k], shift):
-                        miss += 1
-        bad += miss
-    return bad
-
-
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _q2_0_mismatches(qs: Any, scales: Any, values: Any, shift: int) -> int:  # pragma: no cover - compiled
-    bad = 0
-    for b in numba.prange(scales.shape[0]):
-        d = scales[b]
-        miss = 0
-        for j in range(16):
+        for j in range(qs.shape[1]):
             for lane in range(4):
                 code = (qs[b, j] >> (2 * lane)) & 3
-                if not _same(np.float32(np.int32(code) - 1) * d, values[b, 4 * j + lane], shift):
+                at = (j // 32) * 128 + lane * 32 + j % 32 if rows_of_32 else 4 * j + lane
+                if not _same(np.float32(np.int32(code) - 1) * d, values[b, at], shift):
                     miss += 1
         bad += miss
     return bad
@@ -77,11 +64,11 @@ def decodes_exactly(raw: npt.NDArray[np.uint8], ggml_type: str, source: Any) -> 
     if ggml_type == "TQ2_0" and bits.size % _TQ2_BLOCK == 0:
         blocks = data.reshape(-1, _TQ2_BYTES)
         scales = blocks[:, 64:66].copy().view(np.float16).astype(np.float32).reshape(-1)
-        return int(_tq2_0_mismatches(blocks[:, :64], scales, bits.reshape(-1, _TQ2_BLOCK), shift)) == 0
+        return int(_mismatches(blocks[:, :64], scales, bits.reshape(-1, _TQ2_BLOCK), shift, True)) == 0
     if ggml_type == "Q2_0" and bits.size % _Q2_BLOCK == 0:
         blocks = data.reshape(-1, _Q2_BYTES)
         scales = blocks[:, :2].copy().view(np.float16).astype(np.float32).reshape(-1)
-        return int(_q2_0_mismatches(blocks[:, 2:], scales, bits.reshape(-1, _Q2_BLOCK), shift)) == 0
+        return int(_mismatches(blocks[:, 2:], scales, bits.reshape(-1, _Q2_BLOCK), shift, False)) == 0
     values = (bits.astype(np.uint32) << np.uint32(shift)).view(np.float32)
     return bool(np.array_equal(decode_bytes(data, ggml_type, values.shape), values))
 
