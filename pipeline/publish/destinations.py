@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.core.errors import InputError
+from pipeline.core.text import first_unprintable
 
 __all__ = ["PublishPolicy", "MAX_DESTINATION_CHARS"]
 
@@ -44,7 +45,7 @@ class PublishPolicy:
         if not self.roots and not self.buckets:
             raise InputError("publishing through the API is off: the operator lists where bundles may go in "
                              "BONSAI_PUBLISH_ROOTS (folders) or BONSAI_PUBLISH_BUCKETS (s3://bucket/prefix)")
-        if len(dest) > MAX_DESTINATION_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in dest):
+        if len(dest) > MAX_DESTINATION_CHARS or first_unprintable(dest) is not None:
             raise InputError(f"publish destination must be at most {MAX_DESTINATION_CHARS} printable "
                              "characters")
         if dest.startswith("s3://"):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Literal
 
 from pipeline.clients.hub_refs import repo_id_fault, revision_fault
 from pipeline.core.errors import InputError
+from pipeline.core.text import escape_unprintable, first_unprintable
 
 __all__ = [
     "ACCEPTED_FORMS",
@@ -41,9 +41,6 @@ ACCEPTED_FORMS = (
 )
 MAX_SOURCE_CHARS = 1024
 _HUB_PREFIX = "hf://"
-# Unicode categories refused anywhere in a source: controls (terminal escapes), format characters
-# (bidirectional overrides), surrogates, private use and line separators.
-_UNPRINTABLE = frozenset({"Cc", "Cf", "Cs", "Co", "Zl", "Zp"})
 
 # Top-level file names a checkpoint is made of (the allow-list; matched case-insensitively).
 CHECKPOINT_PATTERNS: tuple[str, ...] = (
@@ -69,16 +66,19 @@ class SourceSpec:
     revision: str | None = None
 
 
+def _clipped(source: str) -> str:
+    return source if len(source) <= 120 else source[:117] + "..."
+
+
 def shown(source: str) -> str:
     """A source as messages and terminals may show it, quoted: escaped, and at most 120 characters."""
-    text = source if len(source) <= 120 else source[:117] + "..."
-    return ascii(text) if any(unicodedata.category(c) in _UNPRINTABLE for c in text) else repr(text)
+    text = _clipped(source)
+    return ascii(text) if first_unprintable(text) is not None else repr(text)
 
 
 def escaped(source: str) -> str:
     """`shown` without the quotes, for a source that has already passed the checks or is a label."""
-    text = source if len(source) <= 120 else source[:117] + "..."
-    return "".join(ascii(c)[1:-1] if unicodedata.category(c) in _UNPRINTABLE else c for c in text)
+    return escape_unprintable(_clipped(source))
 
 
 def _checked_text(source: str) -> str:
@@ -90,7 +90,7 @@ def _checked_text(source: str) -> str:
     if len(spec) > MAX_SOURCE_CHARS:
         raise InputError(f"source {shown(spec)} is {len(spec)} characters long, over the limit of "
                          f"{MAX_SOURCE_CHARS}; give a shorter path or a hub repo id")
-    bad = next((c for c in spec if unicodedata.category(c) in _UNPRINTABLE), None)
+    bad = first_unprintable(spec)
     if bad is not None:
         raise InputError(f"source {shown(spec)} holds the unprintable character U+{ord(bad):04X}; "
                          f"expected {ACCEPTED_FORMS}")
