@@ -122,24 +122,22 @@ class Settings(BaseSettings):
     @property
     def source_root_list(self) -> tuple[str, ...]:
         """`source_roots` split into folder names."""
-        parts = self.source_roots.replace(",", os.pathsep).split(os.pathsep)
-        return tuple(part.strip() for part in parts if part.strip())
+        return _items(self.source_roots, folders=True)
 
     @property
     def publish_root_list(self) -> tuple[str, ...]:
         """`publish_roots` split into folder names."""
-        parts = self.publish_roots.replace(",", os.pathsep).split(os.pathsep)
-        return tuple(part.strip() for part in parts if part.strip())
+        return _items(self.publish_roots, folders=True)
 
     @property
     def publish_bucket_list(self) -> tuple[str, ...]:
         """`publish_buckets` split into s3:// locations."""
-        return tuple(part.strip() for part in self.publish_buckets.split(",") if part.strip())
+        return _items(self.publish_buckets)
 
     @property
     def hub_token_repo_list(self) -> tuple[str, ...]:
         """`hub_token_repos` split into orgs and repo globs."""
-        return tuple(part.strip() for part in self.hub_token_repos.split(",") if part.strip())
+        return _items(self.hub_token_repos)
 
     @property
     def is_embedded(self) -> bool:
@@ -173,3 +171,10 @@ class Settings(BaseSettings):
                 f"BONSAI_DATABASE_URL scheme {scheme!r} is not supported; use sqlite:/// or postgresql+psycopg://"
             )
         return self
+
+
+def _items(text: str, *, folders: bool = False) -> tuple[str, ...]:
+    """A comma-separated setting's items, stripped, empty ones dropped; a folder list may also be
+    separated by os.pathsep (as PATH is)."""
+    parts = text.replace(",", os.pathsep).split(os.pathsep) if folders else text.split(",")
+    return tuple(part.strip() for part in parts if part.strip())
