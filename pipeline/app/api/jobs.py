@@ -37,10 +37,10 @@ __all__ = ["router", "owned_job", "JobId"]
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
 
 Reader = Annotated[ApiToken, Depends(require_scope("read"))]
+Submitter = Annotated[ApiToken, Depends(require_scope("submit"))]
 # Ids are database integers: a larger number is a 422, not an overflow in the driver.
 JobId = Annotated[int, PathParam(ge=1, le=2**31 - 1, description="The job's id")]
 _MAX_SOURCES = 1000  # jobs one request may submit
-Submitter = Annotated[ApiToken, Depends(require_scope("submit"))]
 
 
 class JobSubmission(BaseModel):

@@ -125,13 +125,12 @@ def _load_decompose_report(inputs: Mapping[str, InputFile]) -> dict[str, Any] | 
     return report if isinstance(report, dict) else None
 
 
-def _is_exact_without_reference(inputs: Mapping[str, InputFile]) -> bool:
-    """Decompose proved the file bit-exact and calibrate was not needed (no source reference)."""
+def _is_exact_alone(inputs: Mapping[str, InputFile], decompose_report: dict[str, Any] | None) -> bool:
+    """Decompose proved the file bit-exact and calibrate was not needed (no source reference): the
+    file is judged alone, its agreement with the source not measured."""
     from pipeline.stages.calibrate.answers import REFERENCE_NAME
 
-    if f"calibrate/{REFERENCE_NAME}" in inputs:
-        return False
-    return bool((_load_decompose_report(inputs) or {}).get("exact"))
+    return f"calibrate/{REFERENCE_NAME}" not in inputs and bool((decompose_report or {}).get("exact"))
 
 
 def _drop_logits(*probes: ProbeResult | None) -> None:
@@ -146,9 +145,9 @@ def _checks(
     summary: Any,
     params: Params,
     inputs: Mapping[str, InputFile],
+    decompose_report: dict[str, Any] | None,
 ) -> tuple[list[Check], dict[str, Any]]:
     """Every check after a successful load, and the source's side of the report."""
-    decompose_report = _load_decompose_report(inputs)
     source, reference, ref_kind, why = _source(inputs, _request(path, params))
     try:
         checks = [
@@ -169,8 +168,8 @@ def _checks(
                 )
             )
         checks += [c for c in [source_answer_check(source, params)] if c is not None]
-        exact = source is None and bool((decompose_report or {}).get("exact"))
-        agreement = exact_agreement() if exact else agreement_check(candidate, source, why, params, reference)
+        alone = _is_exact_alone(inputs, decompose_report)
+        agreement = exact_agreement() if alone else agreement_check(candidate, source, why, params, reference)
         checks += [repetition_check(candidate, source), agreement]
         checks += [c for c in [quality_target_check(agreement, decompose_report)] if c is not None]
     finally:
@@ -199,6 +198,7 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
     if item is None:
         raise InputError(f"validate needs package/model.gguf; inputs were {sorted(inputs)}")
     workdir = Path(workdir)
+    decompose_report = _load_decompose_report(inputs)  # read once: the request and the checks use it
     checks: list[Check] = []
     candidate: ProbeResult | None = None
     source: dict[str, Any] | None = None
@@ -210,7 +210,7 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
             checks.append(Check("loads", "fail", f"the file's GGUF structure is broken: {exc}"))
         if summary is not None:
             request = _request(item.path, params)
-            if _is_exact_without_reference(inputs):
+            if _is_exact_alone(inputs, decompose_report):
                 request = replace(request, text=None)  # nothing to score the text's logits against
             candidate, why = child.run(request, params.timeout_s)
     if summary is not None:
@@ -225,7 +225,7 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
                     {"load_s": candidate.load_s},
                 )
             )
-            more, source = _checks(candidate, item.path, summary, params, inputs)
+            more, source = _checks(candidate, item.path, summary, params, inputs, decompose_report)
             checks += more
     report = ValidationReport.build(params, item, summary, candidate, checks, source)
     path = workdir / REPORT_NAME
