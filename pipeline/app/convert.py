@@ -91,12 +91,18 @@ def run_and_report(rt: Runtime, job_id: int, as_json: bool, out: outputs.OutputP
         job = repo.get_job(session, job_id)
         name, recipe, params = output_name(job), job.recipe, dict(job.params or {})
 
+    running: list[str] = []  # stages that run side by side are all shown
+
     def on_event(event: StageEvent) -> None:
         if event.state is StageState.RUNNING:
             if event.stage is StageName.DECOMPOSE:
                 _announce_compile(console, recipe, params)
-            status.update(f"{event.stage.value} running…")
+            running.append(event.stage.value)
+            status.update(f"{' + '.join(running)} running…")
             return
+        if event.stage.value in running:
+            running.remove(event.stage.value)
+            status.update(f"{' + '.join(running)} running…" if running else "")
         took = f" in {event.duration_s:.2f}s" if event.duration_s is not None else ""
         console.print(f"  {event.stage.value:<10} {_MARKS.get(event.state, event.state.value)}{took}")
         if event.message:

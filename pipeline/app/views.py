@@ -31,7 +31,8 @@ def job_summary(job: Job) -> dict[str, Any]:
 
     latest = _latest(job)
     states = {stage: StageState(run.status) for stage, run in latest.items()}
-    current = coordinator.next_step(states, plan_for(job.recipe, job.params).order)
+    plan = plan_for(job.recipe, job.params, latest)
+    current = coordinator.frontier(states, plan.waits_for(spare_workers=False), plan.stages)
     return {
         "id": job.id,
         "source": job.source,
@@ -45,7 +46,7 @@ def job_summary(job: Job) -> dict[str, Any]:
         "priority": job.priority,
         "submitted_by": job.submitted_by,
         "progress": round(coordinator.progress(states), 3),
-        "current_stage": current.stage.value if current.stage else None,
+        "current_stage": current.current.value if current.current else None,
         "error_message": job.error_message,
         "created_at": _time(job.created_at),
         "started_at": _time(job.started_at),

@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     work_root: Path | None = None
     # Attempts of one stage before the job fails for good (worker lost, retryable errors).
     max_attempts: int = 3
+    # Embedded mode: stages of one job whose inputs are ready run side by side, up to this many
+    # (calibrate's llama.cpp child beside package, for instance); 1 runs them one at a time.
+    stage_threads: int = 2
     # A worker's cap on one stage attempt's memory, in MB (0: none). An attempt past it is recorded
     # as "out of memory" and stopped; the job fails once the attempt limit is reached.
     worker_memory_mb: int = 0
@@ -151,6 +154,8 @@ class Settings(BaseSettings):
             )
         if self.max_attempts < 1:
             raise InputError(f"BONSAI_MAX_ATTEMPTS must be at least 1, got {self.max_attempts}")
+        if not 1 <= self.stage_threads <= 16:
+            raise InputError(f"BONSAI_STAGE_THREADS must be from 1 to 16, got {self.stage_threads}")
         if self.heartbeat_timeout_s <= 2 * self.heartbeat_s:
             raise InputError(
                 f"BONSAI_HEARTBEAT_TIMEOUT_S ({self.heartbeat_timeout_s}) must exceed twice "

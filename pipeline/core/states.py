@@ -123,7 +123,8 @@ _S = StageState
 _STAGE_MOVES: dict[StageState, frozenset[StageState]] = {
     _S.PENDING: frozenset({_S.QUEUED, _S.RUNNING, _S.SKIPPED_CACHED, _S.CANCELLED, _S.FAILED, _S.NOT_NEEDED}),
     # queued -> queued is a re-dispatch of the same attempt by the reconciler.
-    _S.QUEUED: frozenset({_S.QUEUED, _S.RUNNING, _S.SKIPPED_CACHED, _S.CANCELLED, _S.FAILED}),
+    # queued -> not-needed: a stage started early whose readers turned out not to need it.
+    _S.QUEUED: frozenset({_S.QUEUED, _S.RUNNING, _S.SKIPPED_CACHED, _S.CANCELLED, _S.FAILED, _S.NOT_NEEDED}),
     # running -> skipped-cached: the claimed attempt found an equal earlier result.
     _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.CANCELLED, _S.SKIPPED_CACHED}),
     _S.SUCCEEDED: frozenset(),

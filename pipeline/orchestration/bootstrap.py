@@ -102,6 +102,7 @@ def build_runtime(settings: Settings) -> Runtime:
         heartbeat_s=settings.heartbeat_s,
         heartbeat_timeout_s=settings.heartbeat_timeout_s,
         max_attempts=settings.max_attempts,
+        stage_threads=settings.stage_threads,
         retry_base_s=settings.retry_base_s,
         stage_package=settings.stage_package,
         signing_key=load_private_key(settings.signing_key) if settings.signing_key else None,

@@ -1,4 +1,4 @@
-"""Pure decisions over a job's stage runs: what runs next, and what a retry re-opens.
+"""Pure decisions over a job's stage runs: which stages can run now, and what a retry re-opens.
 
 No I/O here: callers pass the newest attempt's status per stage and act on the answer.
 """
@@ -7,47 +7,62 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 from pipeline.core.states import DONE_STATES, STAGE_INPUTS, STAGE_ORDER, StageName, StageState, downstream_of
 
-__all__ = ["StepKind", "Step", "next_step", "progress", "retry_stages"]
+__all__ = ["Frontier", "Step", "frontier", "progress", "retry_stages"]
 
-
-
-class StepKind(StrEnum):
-    """What comes next for a job: the one vocabulary of the coordinator and of `progression`."""
-
-    RUN = "run"  # an attempt is ready (no attempt yet, or a pending one): run or send it
-    WAIT = "wait"  # an attempt is queued or running
-    STOPPED = "stopped"  # the newest attempt failed or was cancelled; `progression` decides what follows
-    DONE = "done"  # every stage succeeded
-    FAILED = "failed"  # stopped for good: no retry left
-    CANCELLED = "cancelled"
+_IN_FLIGHT = (StageState.QUEUED, StageState.RUNNING)
 
 
 @dataclass(frozen=True)
 class Step:
-    """A job's next step; ``run_id`` and ``delay_s`` are filled in once an attempt row exists."""
+    """An attempt to run (or send) now, or one already queued or running elsewhere; ``delay_s`` is a
+    retry's backoff and ``task_id`` the broker message an attempt was queued under."""
 
-    kind: StepKind
-    stage: StageName | None = None
-    run_id: int | None = None
+    stage: StageName
+    run_id: int
     delay_s: float = 0.0
+    task_id: str | None = None
 
 
-def next_step(latest: Mapping[StageName, StageState], order: Sequence[StageName] = STAGE_ORDER) -> Step:
-    """Walk the stages in ``order`` (the job's plan); the first one not done decides (RUN, WAIT,
-    STOPPED or DONE)."""
+@dataclass(frozen=True)
+class Frontier:
+    """The stages not done whose inputs are: ``ready`` (no attempt, or a pending one), ``in_flight``
+    (queued or running) and ``stopped`` (the newest attempt failed or was cancelled), each in the
+    job's order. All three empty: every stage is done."""
+
+    ready: tuple[StageName, ...] = ()
+    in_flight: tuple[StageName, ...] = ()
+    stopped: tuple[StageName, ...] = ()
+
+    @property
+    def done(self) -> bool:
+        return not (self.ready or self.in_flight or self.stopped)
+
+    @property
+    def current(self) -> StageName | None:
+        """The stage to show as the job's current one."""
+        return next(iter(self.in_flight + self.stopped + self.ready), None)
+
+
+def frontier(latest: Mapping[StageName, StageState],
+             after: Mapping[StageName, tuple[StageName, ...]] = STAGE_INPUTS,
+             order: Sequence[StageName] = STAGE_ORDER) -> Frontier:
+    """Every stage of ``order`` that can move: its newest state in ``latest`` is not done and every
+    stage it waits for in ``after`` is. A queued or running stage counts whatever its inputs."""
+    ready: list[StageName] = []
+    in_flight: list[StageName] = []
+    stopped: list[StageName] = []
     for stage in order:
         state = latest.get(stage)
-        if state is None or state is StageState.PENDING:
-            return Step(StepKind.RUN, stage)
-        if state in (StageState.QUEUED, StageState.RUNNING):
-            return Step(StepKind.WAIT, stage)
-        if state in (StageState.FAILED, StageState.CANCELLED):
-            return Step(StepKind.STOPPED, stage)
-    return Step(StepKind.DONE)
+        if state in DONE_STATES:
+            continue
+        if state in _IN_FLIGHT:
+            in_flight.append(stage)
+        elif all(latest.get(before) in DONE_STATES for before in after[stage]):
+            (ready if state is None or state is StageState.PENDING else stopped).append(stage)
+    return Frontier(tuple(ready), tuple(in_flight), tuple(stopped))
 
 
 def progress(latest: Mapping[StageName, StageState]) -> float:
@@ -64,8 +79,7 @@ def retry_stages(
     """Stages that get a new attempt on retry: `from_stage` (default: the first not done in ``order``)
     and what depends on it in the job's graph ``inputs``."""
     if from_stage is None:
-        decision = next_step(latest, order)
-        if decision.stage is None:
+        from_stage = next((s for s in order if latest.get(s) not in DONE_STATES), None)
+        if from_stage is None:
             return ()
-        from_stage = decision.stage
     return downstream_of(from_stage, inputs)

@@ -1,7 +1,9 @@
-"""Embedded mode: run a job's stages one after another in this process.
+"""Embedded mode: run a job's stages in this process, each as soon as its inputs are done.
 
-The loop asks `advance_job` what comes next and hands the attempt to `execute_run`,
-exactly as a Celery task would, so both modes record the same rows.
+The loop asks `advance_job` which stages are ready and hands each attempt to `execute_run` on a
+small thread pool, exactly as a Celery task would, so both modes record the same rows. Stages
+that run side by side mostly wait on files and child processes (calibrate's llama.cpp run) or
+in numba kernels, which release the GIL. Only this loop's thread advances the job.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,9 +22,8 @@ from sqlalchemy import select
 from pipeline.core.states import JobState, StageName, StageState
 from pipeline.db.models import Job, StageRun
 from pipeline.db.session import session_scope
-from pipeline.orchestration.coordinator import StepKind
 from pipeline.orchestration.execution import execute_run
-from pipeline.orchestration.progression import advance_job
+from pipeline.orchestration.progression import Advance, advance_job
 from pipeline.orchestration.runtime import Runtime
 
 __all__ = ["run_job", "StageEvent", "warm_up"]
@@ -33,8 +35,6 @@ _DEFER_S = 1.0
 # thread while the first stages run, which mostly wait on files and on calibrate's llama.cpp
 # child process, so the import no longer lands between stages.
 _WARM_MODULES = ("pipeline.stages.decompose.shard", "pipeline.ternary.kernel")
-_FINAL = {StepKind.DONE: JobState.SUCCEEDED, StepKind.FAILED: JobState.FAILED,
-          StepKind.CANCELLED: JobState.CANCELLED}
 
 
 @dataclass(frozen=True)
@@ -99,33 +99,79 @@ def _not_needed(session: Any, job_id: int) -> dict[int, StageName]:
 
 
 def run_job(rt: Runtime, job_id: int, on_event: Callable[[StageEvent], None] | None = None) -> JobState:
-    """Run every remaining stage of `job_id` in order; returns the job's final state."""
-    notify = on_event or (lambda _event: None)
+    """Run every remaining stage of `job_id`, each as soon as its inputs are done (up to
+    ``rt.stage_threads`` at once); returns the job's final state."""
     warm_up(_ternary_type(rt, job_id))
-    with session_scope(rt.sessions) as session:
-        told = set(_not_needed(session, job_id))
-    while True:
+    with ThreadPoolExecutor(max_workers=rt.stage_threads, thread_name_prefix=f"bonsai-job{job_id}") as pool:
+        return _JobRun(rt, job_id, on_event or (lambda _event: None), pool).run()
+
+
+class _JobRun:
+    """One job's loop: only this thread advances the job; stage attempts run on the pool."""
+
+    def __init__(self, rt: Runtime, job_id: int, notify: Callable[[StageEvent], None],
+                 pool: ThreadPoolExecutor) -> None:
+        self.rt, self.job_id, self.notify, self.pool = rt, job_id, notify, pool
+        self.running: dict[int, Future[StageState]] = {}
+        self.deferred: set[int] = set()  # attempts that found an equal run in flight elsewhere
         with session_scope(rt.sessions) as session:
-            step = advance_job(session, job_id, max_attempts=rt.max_attempts, retry_base_s=rt.retry_base_s)
+            self.told = set(_not_needed(session, job_id))
+
+    def run(self) -> JobState:
+        while True:
+            outcome = self._advance()
+            if outcome.final is not None and not self.running:
+                return outcome.final
+            if outcome.final is None:
+                self._start(outcome)
+            if not self.running:
+                raise RuntimeError(f"job {self.job_id}: no stage can run and none is running")
+            finished, _ = wait(self.running.values(), return_when=FIRST_COMPLETED)
+            for run_id, future in list(self.running.items()):
+                if future in finished:
+                    del self.running[run_id]
+                    self._report(run_id, future.result())
+
+    def _advance(self) -> Advance:
+        with session_scope(self.rt.sessions) as session:
+            outcome = advance_job(session, self.job_id, max_attempts=self.rt.max_attempts,
+                                  retry_base_s=self.rt.retry_base_s)
             # A stage recorded as not needed while deciding (calibrate of an exact conversion) is news too.
-            for run_id, stage in _not_needed(session, job_id).items():
-                if run_id not in told:
-                    told.add(run_id)
-                    notify(StageEvent(job_id, stage, StageState.NOT_NEEDED))
-        if step.kind in _FINAL:
-            return _FINAL[step.kind]
-        assert step.stage is not None and step.run_id is not None
-        if step.kind is StepKind.WAIT:
+            for run_id, stage in _not_needed(session, self.job_id).items():
+                if run_id not in self.told:
+                    self.told.add(run_id)
+                    self.notify(StageEvent(self.job_id, stage, StageState.NOT_NEEDED))
+        return outcome
+
+    def _start(self, outcome: Advance) -> None:
+        foreign = [step for step in outcome.in_flight if step.run_id not in self.running]
+        if foreign:
             # Another process holds this attempt; embedded mode does not steal it.
-            raise RuntimeError(f"job {job_id}: stage {step.stage.value} is queued or running elsewhere")
-        if step.delay_s:
-            log.info("job %s stage %s: retrying in %.1fs", job_id, step.stage.value, step.delay_s)
-            time.sleep(step.delay_s)
-        notify(StageEvent(job_id, step.stage, StageState.RUNNING))
-        state = execute_run(rt, step.run_id)
+            stage = foreign[0].stage.value
+            raise RuntimeError(f"job {self.job_id}: stage {stage} is queued or running elsewhere")
+        for step in outcome.ready:
+            if step.run_id in self.running:
+                continue  # submitted, not yet claimed by its thread
+            if len(self.running) >= self.rt.stage_threads:
+                break  # stays pending: the next look at the job starts it
+            delay_s = step.delay_s or (_DEFER_S if step.run_id in self.deferred else 0.0)
+            self.deferred.discard(step.run_id)
+            if delay_s:
+                log.info("job %s stage %s: starting in %.1fs", self.job_id, step.stage.value, delay_s)
+            self.notify(StageEvent(self.job_id, step.stage, StageState.RUNNING))
+            self.running[step.run_id] = self.pool.submit(_execute_after, self.rt, step.run_id, delay_s)
+
+    def _report(self, run_id: int, state: StageState) -> None:
         if state in (StageState.PENDING, StageState.QUEUED):
-            time.sleep(_DEFER_S)  # an equal run is in flight in another process: wait for its result
-            continue
-        with session_scope(rt.sessions) as session:
-            run = session.get_one(StageRun, step.run_id)
-            notify(StageEvent(job_id, step.stage, state, run.duration_s, run.error_message))
+            self.deferred.add(run_id)  # an equal run is in flight in another process: look again shortly
+            return
+        with session_scope(self.rt.sessions) as session:
+            run = session.get_one(StageRun, run_id)
+            event = StageEvent(self.job_id, StageName(run.stage), state, run.duration_s, run.error_message)
+        self.notify(event)
+
+
+def _execute_after(rt: Runtime, run_id: int, delay_s: float) -> StageState:
+    if delay_s:
+        time.sleep(delay_s)
+    return execute_run(rt, run_id)

@@ -64,8 +64,9 @@ def gather_inputs(session: Session, store: ArtifactStore, job: Job, stage: Stage
     recorded as not needed gives none)."""
     runs = repo.latest_runs(session, job.id, with_links=True)
     inputs: dict[str, InputFile] = {}
-    # The job's own graph: decompose reads calibrate only under recipes that ask for statistics.
-    for upstream in plan_for(job.recipe, job.params).inputs[stage]:
+    # The job's own graph: decompose reads calibrate only under recipes that ask for statistics, and
+    # validate reads no calibrate that decompose's verdict made unneeded (even one that ran anyway).
+    for upstream in plan_for(job.recipe, job.params, runs).reads(stage):
         run = runs.get(upstream)
         if run is None or not StageState(run.status).is_done:
             raise InputError(

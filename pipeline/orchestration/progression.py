@@ -1,12 +1,15 @@
-"""Move a job forward one step in the database: queue the next attempt, retry, or finish.
+"""Move a job forward in the database: queue every stage whose inputs are ready, retry, or finish.
 
-Both modes call `advance_job`: the embedded loop runs the returned attempt itself, the
-distributed dispatcher sends it to a queue. Keeping "what runs next" here, in the
+Both modes call `advance_job`: the embedded loop runs the returned attempts itself, the
+distributed dispatcher sends each to its queue. Keeping "what runs next" here, in the
 database, rather than in Celery canvas primitives, means a lost message or a
 restarted broker loses nothing: the reconciler calls the same function again.
 """
 
 from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -15,14 +18,24 @@ from pipeline.core.states import JobState, StageName, StageState
 from pipeline.db import repo
 from pipeline.db.models import Job, StageRun
 from pipeline.orchestration import coordinator
-from pipeline.orchestration.coordinator import Step, StepKind
+from pipeline.orchestration.coordinator import Step
 from pipeline.orchestration.plan import JobPlan, calibrate_not_needed, plan_for
 
-__all__ = ["advance_job", "retry_delay_s", "WORKER_LOST", "OUT_OF_MEMORY"]
+__all__ = ["Advance", "advance_job", "retry_delay_s", "WORKER_LOST", "OUT_OF_MEMORY"]
 
 # error_message prefixes of attempts whose worker died or vanished, or that outgrew their memory cap.
 WORKER_LOST = "worker lost"
 OUT_OF_MEMORY = "out of memory"
+
+
+@dataclass(frozen=True)
+class Advance:
+    """What a job does next: the attempts to run or send now (``ready``), those queued or running
+    (``in_flight``), and the job's state once it has ended (``final``)."""
+
+    ready: tuple[Step, ...] = ()
+    in_flight: tuple[Step, ...] = ()
+    final: JobState | None = None
 
 
 def retry_delay_s(attempt: int, base_s: float, cap_s: float = 600.0) -> float:
@@ -44,69 +57,74 @@ def advance_job(
     *,
     max_attempts: int,
     retry_base_s: float,
-    task_id: str | None = None,
-) -> Step:
-    """Decide and record the job's next step. With `task_id`, the attempt is marked queued."""
+    spare_workers: bool = False,
+    queue: bool = False,
+) -> Advance:
+    """Decide and record the job's next steps: an attempt for every stage whose inputs are done.
+
+    ``spare_workers``: other workers can run a stage whose need is not yet known (calibrate beside
+    decompose). ``queue``: each ready attempt is marked queued under a new task id (its Step's).
+    An ended job is left as it is (a stage that finishes after its job failed queues nothing).
+    """
     job = _lock_job(session, job_id)
-    if JobState(job.status) is JobState.CANCELLED:
-        return Step(StepKind.CANCELLED)
-    plan = plan_for(job.recipe, job.params)
+    if JobState(job.status).is_final:
+        return Advance(final=JobState(job.status))
     latest = repo.latest_runs(session, job_id)
-    decision = coordinator.next_step(_states(latest), plan.order)
-    if _settle_calibrate(session, job, plan, decision, latest):
+    plan = plan_for(job.recipe, job.params, latest)
+    if _settle_unneeded(session, job, plan, latest):
         latest = repo.latest_runs(session, job_id)
-        decision = coordinator.next_step(_states(latest), plan.order)
-    if decision.kind is StepKind.DONE:
-        repo.set_job_state(session, job, JobState.SUCCEEDED)
-        return Step(StepKind.DONE)
-    stage = decision.stage
-    assert stage is not None
-    if decision.kind is StepKind.WAIT:
-        return Step(StepKind.WAIT, stage, latest[stage].id)
-    if decision.kind is StepKind.RUN:
-        pending = latest.get(stage)
-        run = pending if pending is not None else repo.new_attempt(session, job, stage)
-        return _ready(session, job, run, task_id, 0.0)
-    failed = latest[stage]
-    if failed.status == StageState.CANCELLED.value:
-        repo.set_job_state(session, job, JobState.CANCELLED)
-        return Step(StepKind.CANCELLED)
-    if failed.error_kind == "retryable" and failed.attempt < max_attempts:
+    front = coordinator.frontier(_states(latest), plan.waits_for(spare_workers=spare_workers), plan.stages)
+    ready: list[Step] = []
+    in_flight = [Step(stage, latest[stage].id) for stage in front.in_flight]
+    for stage in front.stopped:
+        if stage is StageName.CALIBRATE and plan.calibrate_if_lossy and plan.verdict is None:
+            continue  # started early: whether its failure matters waits for decompose's verdict
+        failed = latest[stage]
+        if failed.status == StageState.CANCELLED.value:
+            repo.set_job_state(session, job, JobState.CANCELLED)
+            return Advance(final=JobState.CANCELLED)
+        if failed.error_kind != "retryable" or failed.attempt >= max_attempts:
+            reason = _failure_reason(session, job, failed)
+            repo.set_job_state(session, job, JobState.FAILED, error_message=reason)
+            return Advance(final=JobState.FAILED)
         again = repo.retry_attempt(session, failed)
         if again is None:  # retried already by another process: that attempt decides
-            return Step(StepKind.WAIT, stage, failed.id)
-        return _ready(session, job, again, task_id, retry_delay_s(failed.attempt, retry_base_s))
-    repo.set_job_state(session, job, JobState.FAILED, error_message=_failure_reason(session, job, failed))
-    return Step(StepKind.FAILED, stage, failed.id)
+            in_flight.append(Step(stage, failed.id))
+        else:
+            ready.append(_ready(session, job, again, queue, retry_delay_s(failed.attempt, retry_base_s)))
+    if front.done:
+        repo.set_job_state(session, job, JobState.SUCCEEDED)
+        return Advance(final=JobState.SUCCEEDED)
+    for stage in front.ready:
+        run = latest.get(stage) or repo.new_attempt(session, job, stage)
+        ready.append(_ready(session, job, run, queue, 0.0))
+    return Advance(tuple(ready), tuple(in_flight))
 
 
 def _states(latest: dict[StageName, StageRun]) -> dict[StageName, StageState]:
     return {stage: StageState(run.status) for stage, run in latest.items()}
 
 
-def _settle_calibrate(session: Session, job: Job, plan: JobPlan, decision: Step,
-                      latest: dict[StageName, StageRun]) -> bool:
-    """Record calibrate as not needed when its turn comes in a job whose decompose proved the
-    conversion exact (its first attempt only: a retry from calibrate runs it). True if recorded."""
-    is_first_turn = decision.kind is StepKind.RUN and decision.stage is StageName.CALIBRATE and (
-        StageName.CALIBRATE not in latest)
-    if not (plan.calibrate_if_lossy and is_first_turn):
+def _settle_unneeded(session: Session, job: Job, plan: JobPlan, latest: dict[StageName, StageRun]) -> bool:
+    """Record calibrate as not needed once decompose proved the conversion exact, unless its attempt
+    already runs (its result is kept for later jobs; the job does not wait for it). True if recorded."""
+    reason = calibrate_not_needed(plan)
+    run = latest.get(StageName.CALIBRATE)
+    if reason is None or (run is not None and run.status not in (StageState.PENDING.value,
+                                                                  StageState.QUEUED.value)):
         return False
-    decompose = latest.get(StageName.DECOMPOSE)
-    reason = calibrate_not_needed(decompose.metrics if decompose is not None else None)
-    if reason is None:
-        return False
-    run = repo.new_attempt(session, job, StageName.CALIBRATE)
+    run = run if run is not None else repo.new_attempt(session, job, StageName.CALIBRATE)
     repo.set_stage_state(session, run, StageState.NOT_NEEDED, metrics={"not_needed": reason})
     return True
 
 
-def _ready(session: Session, job: Job, run: StageRun, task_id: str | None, delay_s: float) -> Step:
+def _ready(session: Session, job: Job, run: StageRun, queue: bool, delay_s: float) -> Step:
     if JobState(job.status) is not JobState.RUNNING:
         repo.set_job_state(session, job, JobState.RUNNING)
+    task_id = str(uuid.uuid4()) if queue else None
     if task_id is not None:
         repo.set_stage_state(session, run, StageState.QUEUED, task_id=task_id)
-    return Step(StepKind.RUN, StageName(run.stage), run.id, delay_s)
+    return Step(StageName(run.stage), run.id, delay_s, task_id)
 
 
 def _failure_reason(session: Session, job: Job, failed: StageRun) -> str:

@@ -50,6 +50,8 @@ class Runtime:
     # Attempts of one stage before its job fails, and the first retry delay (doubling).
     max_attempts: int = 3
     retry_base_s: float = 5.0
+    # Embedded mode: how many ready stages of one job run at once (BONSAI_STAGE_THREADS).
+    stage_threads: int = 2
     stage_package: str = "pipeline.stages"
     # Ed25519 private key: when set, every statement is signed (DSSE) as it is recorded.
     signing_key: Any | None = None

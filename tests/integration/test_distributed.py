@@ -89,6 +89,46 @@ def test_worker_killed_mid_decompose_is_retried(make_cluster, broker_url, demo_c
     assert store_is_clean(cluster.home / "artifacts") == []
 
 
+def test_calibrate_and_decompose_of_one_job_run_at_once_on_two_workers(make_cluster, broker_url,
+                                                                       demo_checkpoint) -> None:
+    # tq2_0 reads no statistics: decompose does not wait for calibrate, and with two workers the
+    # source's reference run starts beside it instead of after it.
+    cluster = make_cluster(broker_url, **HOLD_DECOMPOSE)
+    cluster.start_worker()
+    cluster.start_worker()
+    (job_id,) = cluster.submit(str(demo_checkpoint))
+    assert cluster.wait_jobs_final([job_id], timeout_s=240) == {job_id: "succeeded"}
+    runs = {run.stage: run for run in cluster.runs()}
+    calibrate, decompose = runs["calibrate"], runs["decompose"]
+    assert calibrate.status == decompose.status == "succeeded"
+    assert calibrate.worker_host != decompose.worker_host
+    assert calibrate.started_at < decompose.finished_at and decompose.started_at < calibrate.finished_at, (
+        calibrate.started_at, calibrate.finished_at, decompose.started_at, decompose.finished_at)
+    # The demo's default conversion is lossy, so validate scored against calibrate's reference.
+    assert runs["validate"].metrics["agreement"].get("measured") is not False
+
+
+def test_an_exact_conversion_does_not_wait_for_a_calibrate_started_beside_it(make_cluster, broker_url,
+                                                                              demo_checkpoint) -> None:
+    # Calibrate is sent beside decompose; once decompose proves the file bit-exact, validate judges
+    # it alone, whatever became of calibrate (kept for later jobs if it ran, not needed if it had not).
+    cluster = make_cluster(broker_url, **HOLD_DECOMPOSE)
+    cluster.start_worker()
+    cluster.start_worker()
+    submitted = cluster.bonsai("submit", str(demo_checkpoint), "--option", "embed_type=BF16",
+                               "--option", "output_type=BF16")
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = int(submitted.stdout.split()[0])
+    assert cluster.wait_jobs_final([job_id], timeout_s=240) == {job_id: "succeeded"}
+    runs = {run.stage: run for run in cluster.runs()}
+    assert runs["decompose"].metrics["exact"] is True
+    assert runs["calibrate"].status in ("succeeded", "running", "not-needed")
+    assert runs["calibrate"].started_at is not None, "calibrate started beside decompose"
+    validate = runs["validate"]
+    assert validate.metrics["agreement"]["measured"] is False
+    assert validate.metrics["agreement"]["reason"].startswith("not measured: weights bit-exact")
+
+
 def test_worker_lost_every_time_fails_with_reason(make_cluster, broker_url, demo_checkpoint) -> None:
     source = demo_checkpoint
     cluster = make_cluster(broker_url, BONSAI_MAX_ATTEMPTS="2", **HOLD_DECOMPOSE)

@@ -87,3 +87,26 @@ def test_a_lossy_conversion_runs_calibrate_after_package(rt: Runtime, demo_check
     assert "calibrate/reference.npz" in _inputs(runs[StageName.VALIDATE])
     assert runs[StageName.VALIDATE].metrics["agreement"]["verdict"] == "pass"
     assert runs[StageName.VALIDATE].metrics["agreement"].get("measured") is not False
+
+
+def test_stages_whose_inputs_are_ready_run_side_by_side(tmp_path: Path, demo_checkpoint: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # After decompose, package and (for a lossy conversion) calibrate both have their inputs: with a
+    # package held for a second, calibrate's source run happens meanwhile, on the pool's other thread.
+    monkeypatch.setenv("BONSAI_TEST_PACKAGE_FAULT", "delay:1.5")
+    settings = Settings(home=tmp_path / "home", stage_package="tests.support.fault_stages")
+    rt = build_runtime(settings)
+    job_id = _job(rt, demo_checkpoint, {})
+    assert run_job(rt, job_id) is JobState.SUCCEEDED
+    runs = {StageName(run.stage): run for run in _runs(rt, job_id)}
+    calibrate, package = runs[StageName.CALIBRATE], runs[StageName.PACKAGE]
+    assert calibrate.status == package.status == "succeeded"
+    assert calibrate.started_at < package.finished_at and package.started_at < calibrate.finished_at
+    # One at a time when the setting says so.
+    rt = build_runtime(Settings(home=tmp_path / "one", stage_package="tests.support.fault_stages",
+                                stage_threads=1))
+    job_id = _job(rt, demo_checkpoint, {})
+    assert run_job(rt, job_id) is JobState.SUCCEEDED
+    runs = {StageName(run.stage): run for run in _runs(rt, job_id)}
+    calibrate, package = runs[StageName.CALIBRATE], runs[StageName.PACKAGE]
+    assert package.finished_at <= calibrate.started_at

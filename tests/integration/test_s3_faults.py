@@ -23,7 +23,7 @@ from pipeline.db.models import StageRun
 from pipeline.db.session import session_scope
 from pipeline.orchestration.bootstrap import build_runtime
 from pipeline.orchestration.execution import execute_run
-from pipeline.orchestration.progression import StepKind, advance_job
+from pipeline.orchestration.progression import advance_job
 from tests.support import seaweed
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -47,10 +47,9 @@ def _kill_when_parts_arrive(server: seaweed.SeaweedServer, bucket: str, done: th
 
 def _next_download_run(rt, job_id: int) -> int:  # type: ignore[no-untyped-def]
     with session_scope(rt.sessions) as session:
-        step = advance_job(session, job_id, max_attempts=rt.max_attempts, retry_base_s=0.0)
-    assert step.kind is StepKind.RUN and step.stage is StageName.DOWNLOAD, step
-    assert step.run_id is not None
-    return step.run_id
+        outcome = advance_job(session, job_id, max_attempts=rt.max_attempts, retry_base_s=0.0)
+    assert [step.stage for step in outcome.ready] == [StageName.DOWNLOAD], outcome
+    return outcome.ready[0].run_id
 
 
 def test_server_killed_mid_upload(tmp_path: Path, demo_checkpoint: Path,

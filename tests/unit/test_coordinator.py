@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from pipeline.core.states import STAGE_ORDER, StageName, StageState
-from pipeline.orchestration.coordinator import StepKind, next_step, progress, retry_stages
+from pipeline.core.states import STAGE_INPUTS, STAGE_ORDER, StageName, StageState, stage_inputs
+from pipeline.orchestration.coordinator import Frontier, frontier, progress, retry_stages
 
 S = StageState
 
@@ -11,27 +11,40 @@ def _done_until(stage: StageName) -> dict[StageName, StageState]:
 
 
 def test_new_job_starts_with_download() -> None:
-    decision = next_step({})
-    assert decision.kind is StepKind.RUN and decision.stage is StageName.DOWNLOAD
+    assert frontier({}) == Frontier(ready=(StageName.DOWNLOAD,))
 
 
 def test_cached_counts_as_done() -> None:
     latest = _done_until(StageName.INSPECT) | {StageName.CHECKSUM: S.SKIPPED_CACHED}
-    assert next_step(latest).stage is StageName.INSPECT
+    assert frontier(latest).ready == (StageName.INSPECT,)
 
 
 def test_failed_stage_stops_the_job() -> None:
     latest = _done_until(StageName.CHECKSUM) | {StageName.CHECKSUM: S.FAILED}
-    decision = next_step(latest)
-    assert decision.kind is StepKind.STOPPED and decision.stage is StageName.CHECKSUM
+    assert frontier(latest) == Frontier(stopped=(StageName.CHECKSUM,))
 
 
 def test_running_stage_means_wait_and_all_done_means_done() -> None:
-    assert next_step(_done_until(StageName.PACKAGE) | {StageName.PACKAGE: S.RUNNING}).kind is StepKind.WAIT
+    waiting = frontier(_done_until(StageName.PACKAGE) | {StageName.PACKAGE: S.RUNNING})
+    assert waiting == Frontier(in_flight=(StageName.PACKAGE,)) and not waiting.done
     everything = {s: S.SUCCEEDED for s in STAGE_ORDER}
-    assert next_step(everything).kind is StepKind.DONE
+    assert frontier(everything).done
     assert progress(everything) == 1.0
     assert progress(_done_until(StageName.INSPECT)) == 2 / 7
+
+
+def test_every_stage_whose_inputs_are_done_is_ready_at_once() -> None:
+    # Decompose reads no statistics: it and calibrate both wait only for inspect.
+    graph = stage_inputs(decompose_reads_calibrate=False)
+    after_inspect = _done_until(StageName.CALIBRATE)
+    assert frontier(after_inspect, graph).ready == (StageName.CALIBRATE, StageName.DECOMPOSE)
+    # The full graph keeps them in a line.
+    assert frontier(after_inspect, STAGE_INPUTS).ready == (StageName.CALIBRATE,)
+    # One running, the other failed: both are reported; package waits for decompose.
+    mixed = after_inspect | {StageName.CALIBRATE: S.RUNNING, StageName.DECOMPOSE: S.FAILED}
+    expected = Frontier(in_flight=(StageName.CALIBRATE,), stopped=(StageName.DECOMPOSE,))
+    assert frontier(mixed, graph) == expected
+    assert frontier(mixed, graph).current is StageName.CALIBRATE
 
 
 def test_retry_defaults_to_first_unfinished_stage() -> None:

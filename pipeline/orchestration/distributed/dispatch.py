@@ -18,9 +18,8 @@ from pipeline.core.states import StageName, StageState
 from pipeline.db import repo
 from pipeline.db.models import Job, StageRun
 from pipeline.db.session import session_scope
-from pipeline.orchestration.coordinator import Step, StepKind
 from pipeline.orchestration.execution import join_shards
-from pipeline.orchestration.progression import advance_job
+from pipeline.orchestration.progression import Advance, advance_job
 from pipeline.orchestration.queues import QUEUE_OF, broker_priority, task_name
 
 if TYPE_CHECKING:
@@ -78,18 +77,17 @@ class Dispatcher:
                         exc_info=True)
             return False
 
-    def advance(self, job_id: int) -> Step:
-        """Record the job's next step and, when an attempt is ready, send it to its queue."""
-        task_id = str(uuid.uuid4())
+    def advance(self, job_id: int) -> Advance:
+        """Record the job's next steps and send every attempt that is ready, each to its queue."""
         with session_scope(self.sessions) as session:
-            step = advance_job(session, job_id, max_attempts=self.settings.max_attempts,
-                               retry_base_s=self.settings.retry_base_s, task_id=task_id)
+            outcome = advance_job(session, job_id, max_attempts=self.settings.max_attempts,
+                                  retry_base_s=self.settings.retry_base_s, spare_workers=True, queue=True)
             priority = session.get_one(Job, job_id).priority
-        if step.kind is StepKind.RUN:
-            assert step.stage is not None and step.run_id is not None
-            self.send(step.stage, step.run_id, task_id, priority, step.delay_s)
+        for step in outcome.ready:
+            assert step.task_id is not None
+            self.send(step.stage, step.run_id, step.task_id, priority, step.delay_s)
             log.info("job %s: sent %s (run %s)", job_id, step.stage.value, step.run_id)
-        return step
+        return outcome
 
     def resend(self, run_id: int, countdown_s: float = 0.0) -> bool:
         """Send a queued attempt again under a new task id (its old message is gone or spent)."""

@@ -1,5 +1,22 @@
-"""The real package stage."""
+"""The real package stage, after the delay ``BONSAI_TEST_PACKAGE_FAULT=delay:S`` asks for (so a test
+can see what runs beside it)."""
 
-from pipeline.stages.package import NAME, VERSION, Params, make_params, run
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from pipeline.stages.base import InputFile, StageResult
+from pipeline.stages.package import NAME, VERSION, Params, make_params
+from pipeline.stages.package import run as real_run
 
 __all__ = ["NAME", "VERSION", "Params", "make_params", "run"]
+
+
+def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> StageResult:
+    fault = os.environ.get("BONSAI_TEST_PACKAGE_FAULT", "")
+    if fault.startswith("delay:"):
+        time.sleep(float(fault.split(":", 1)[1]))
+    return real_run(params, inputs, workdir)
