@@ -4,8 +4,8 @@ On a ~3 MB demo Llama (SentencePiece vocabulary), in the same run:
 
 - ``bonsai convert`` under ``python -X importtime``, timed from outside, as the second job of a
   home sees it (the database exists; a second checkpoint, so no stage is reused): its stage durations
-  (``bonsai show --json``), the wall time before the first stage, between stages and after
-  the last, and the import time of every top-level package it loads (the validate stage's
+  (``bonsai show --json``), the wall time before the first stage, between stages (when none runs)
+  and after the last, and the import time of every top-level package it loads (the validate stage's
   llama.cpp probes run in child processes: their imports are measured on their own below);
 - each start-up cost alone, in a fresh process: bare Python, the CLI module, torch, numba,
   llama_cpp, the database set-up (`build_runtime`: Alembic migrations on a new SQLite file and
@@ -127,14 +127,24 @@ def convert_once(ckpt: Path, home: Path, job_id: int = 1) -> dict[str, object]:
         raise SystemExit(f"bonsai convert failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     show = subprocess.run([sys.executable, "-m", "pipeline", "show", str(job_id), "--json"], cwd=_ROOT,
                           env=env, capture_output=True, text=True, check=True)
-    stages = [(s["stage"], float(s["duration_s"]), _utc(s["started_at"]), _utc(s["finished_at"]))
-              for s in json.loads(show.stdout)["stages"]]
+    stages = sorted(((s["stage"], float(s["duration_s"]), _utc(s["started_at"]), _utc(s["finished_at"]))
+                     for s in json.loads(show.stdout)["stages"] if s["started_at"]), key=lambda s: s[2])
+    # Stages of one job may run side by side: "inside" is the union of their intervals, and a gap is
+    # time after every stage begun so far has ended and before the next one starts.
+    gaps: dict[str, float] = {}
+    inside_s, end = 0.0, stages[0][2]
+    for index, (name, _, started, finished) in enumerate(stages):
+        if index and started > end:
+            gaps[f"{stages[index - 1][0]} -> {name}"] = started - end
+        inside_s += max(0.0, finished - max(started, end))
+        end = max(end, finished)
     return {
         "wall_s": wall_s,
         "stages": {name: seconds for name, seconds, _, _ in stages},
+        "inside_s": inside_s,
         "before_first_s": stages[0][2] - wall_started,
-        "gaps": {f"{a[0]} -> {b[0]}": b[2] - a[3] for a, b in zip(stages, stages[1:], strict=False)},
-        "after_last_s": wall_started + wall_s - stages[-1][3],
+        "gaps": gaps,
+        "after_last_s": wall_started + wall_s - end,
         "imports": imports_by_package(proc.stderr),
     }
 
@@ -161,12 +171,13 @@ def main() -> int:
         costs["build_runtime, new SQLite home (migrations)"] = fresh_db_s
         costs["build_runtime, existing home (version check)"] = existing_db_s
         costs["validate probe child start (python + pipeline + llama_cpp)"] = _probe_child_s()
-    stages_s = sum(ours["stages"].values())  # type: ignore[attr-defined]
+    stages_s = float(ours["inside_s"])  # type: ignore[arg-type]
     wall_s = float(ours["wall_s"])  # type: ignore[arg-type]
     new_wall_s = float(new_home["wall_s"])  # type: ignore[arg-type]
-    new_outside_s = new_wall_s - sum(new_home["stages"].values())  # type: ignore[attr-defined]
+    new_outside_s = new_wall_s - float(new_home["inside_s"])  # type: ignore[arg-type]
     print(f"demo checkpoint: {size_mb:.1f} MB; bonsai convert under -X importtime (the second job of a home)")
-    print(f"  wall {wall_s:.2f} s, stages {stages_s:.2f} s, outside the stages {wall_s - stages_s:.2f} s")
+    print(f"  wall {wall_s:.2f} s, inside stages {stages_s:.2f} s (their union: some run side by side), "
+          f"outside the stages {wall_s - stages_s:.2f} s")
     print(f"  before the first stage {ours['before_first_s']:.2f} s, "
           f"after the last (to exit) {ours['after_last_s']:.2f} s")
     for name, seconds in ours["stages"].items():  # type: ignore[attr-defined]

@@ -7,6 +7,7 @@ command takes it anyway (`bonsai export JOB --force`).
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,14 @@ def output_name(job: Any) -> str:
 
 
 def _announce_compile(console: Console, recipe: str, params: dict[str, Any]) -> None:
+    """Say so when decompose is about to compile its kernel; checked on a thread of its own, because
+    reading numba's cache imports the kernel module (while the warm-up may hold its import lock),
+    and the loop that starts the job's stages must not wait for a courtesy line."""
+    threading.Thread(target=_announce_if_cold, args=(console, recipe, params), name="bonsai-announce",
+                     daemon=True).start()
+
+
+def _announce_if_cold(console: Console, recipe: str, params: dict[str, Any]) -> None:
     from pipeline.ternary import kernel_cache
     from pipeline.ternary.policy import get_recipe
 
