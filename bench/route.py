@@ -32,7 +32,8 @@ Last line: ``route: llama_s=… bonsai_no_validate_s=… bonsai_s=… ratio_no_v
 ``bonsai_no_validate_s`` is the whole job less its validation work: the validate stage, and the
 calibrate stage when no stage but validate read its outputs (the recipe collected no statistics,
 so calibrate only ran the source for validate's reference; with ``importance`` or ``method=gptq``
-decompose reads it and it counts as conversion). Which stages read calibrate's outputs comes from
+decompose reads it and it counts as conversion), less any of that time a conversion stage ran beside
+(package beside calibrate). Which stages read calibrate's outputs comes from
 the job's own input links (``show --json``), not from the recipe's name; the breakdown also
 prints the job less its validate stage alone. Targets: ratio_no_validate ≤ 0.5, ratio ≤ 1.0.
 """
@@ -205,6 +206,15 @@ def child_quantize(src: Path, dst: Path) -> dict[str, Any]:
     return {"seconds": time.perf_counter() - started}
 
 
+def _union_s(spans: list[tuple[float, float]]) -> float:
+    """Seconds covered by at least one of ``spans`` (start, end)."""
+    covered, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        covered += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return covered
+
+
 def _utc(text: str) -> float:
     stamp = datetime.fromisoformat(text)
     return (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).timestamp()
@@ -233,7 +243,10 @@ def run_bonsai(ckpt: Path, home: Path, options: list[str] | None = None) -> dict
     readers = {s["stage"] for s in detail["stages"] if s["stage"] != "validate"
                and any(item["name"].startswith("calibrate/") for item in s.get("inputs") or ())}
     stage_s = {name: duration for name, duration, _, _ in stages}
-    validation_s = stage_s.get("validate", 0.0) + (0.0 if readers else stage_s.get("calibrate", 0.0))
+    validating = {"validate"} | (set() if readers else {"calibrate"})
+    # Validation work counts only where no conversion stage ran beside it (calibrate beside package).
+    conversion = [(start, end) for name, _, start, end in stages if name not in validating]
+    validation_s = _union_s([(start, end) for _, _, start, end in stages]) - _union_s(conversion)
     # Runs order by their start: stage time that overlapped another stage's (concurrent stages).
     spans = sorted((start, end) for _, _, start, end in stages)
     overlap_s = sum(max(0.0, min(end, later_end) - later_start) for i, (_, end) in enumerate(spans)
