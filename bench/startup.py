@@ -82,7 +82,7 @@ def _runtime_s(home: Path) -> tuple[float, float]:
 def _probe_child_s() -> float:
     """One validate probe child's start as run_probe starts it: interpreter, pipeline, llama_cpp."""
     started = time.perf_counter()
-    code = "import pipeline.stages.validate.probe_child, llama_cpp"
+    code = "import pipeline.calibration.probe_child, llama_cpp"
     subprocess.run([sys.executable, "-c", code], cwd=_ROOT, check=True,
                    env={**os.environ, "PYTHONPATH": str(_ROOT)})
     return time.perf_counter() - started

@@ -14,11 +14,12 @@ import yaml
 from sqlalchemy.orm import Session
 
 from pipeline.core.errors import InputError
-from pipeline.core.states import JobState, StageName, StageState, upstream_of
+from pipeline.core.states import STAGE_ORDER, JobState, StageName, StageState, upstream_of
 from pipeline.db import repo
 from pipeline.orchestration import coordinator
 from pipeline.orchestration.plan import plan_for
 from pipeline.provenance.statements import redact
+from pipeline.stages import load_stage
 from pipeline.stages.base import JobSpec
 from pipeline.stages.sources import SourcePolicy, escaped
 from pipeline.ternary.options import check_job_input
@@ -172,10 +173,11 @@ def check_request(request: JobRequest) -> JobRequest:
             "the Hugging Face token belongs in BONSAI_HF_TOKEN on the workers"
         )
     checked = check_job_input(request.recipe, request.options)
-    from pipeline.stages.validate.params import make_params as validate_params
-
-    # What only a stage can say about its options together (threshold order): now, not after three stages.
-    validate_params(JobSpec(request.source, checked.recipe, checked.options))
+    # What only a stage can say about its options (calibrate's text and bounds, validate's threshold
+    # order, decompose's device): every stage's own reading, now, before a job row exists.
+    spec = JobSpec(request.source, checked.recipe, checked.options)
+    for stage in STAGE_ORDER:
+        load_stage(stage).make_params(spec)
     return replace(request, recipe=checked.recipe, options=checked.options, warnings=checked.warnings)
 
 

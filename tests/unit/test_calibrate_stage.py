@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pipeline.calibration.answers import SourceAnswers, request_key
 from pipeline.calibration.gram import GramFile
 from pipeline.calibration.imatrix import read_imatrix
 from pipeline.calibration.reference import read_reference
@@ -17,7 +18,6 @@ from pipeline.core.errors import InputError
 from pipeline.core.files import sha256_file
 from pipeline.stages import calibrate, decompose, validate
 from pipeline.stages.base import InputFile, JobSpec
-from pipeline.stages.calibrate.answers import SourceAnswers, request_key
 from pipeline.stages.validate.params import DEFAULT_AGREEMENT_TEXT
 from pipeline.ternary.pack import decode_bytes
 
@@ -67,10 +67,11 @@ def with_stats(source: dict[str, InputFile], tmp_path_factory: pytest.TempPathFa
 
 def test_params_follow_the_options() -> None:
     plain = calibrate.make_params(JobSpec("x"))
-    assert not plain.is_statistics and plain.agreement_text == DEFAULT_AGREEMENT_TEXT
-    assert (plain.prompt, plain.max_tokens) == (validate.make_params(JobSpec("x")).prompt, 16)
+    assert not plain.is_statistics and plain.probe.agreement_text == DEFAULT_AGREEMENT_TEXT
+    validate_prompt = validate.make_params(JobSpec("x")).probe.prompt
+    assert (plain.probe.prompt, plain.probe.max_tokens) == (validate_prompt, 16)
     gptq = calibrate.make_params(JobSpec("x", options={"method": "gptq", "prompt": "2+2="}))
-    assert gptq.is_gram and gptq.is_statistics and gptq.prompt == "2+2=" and gptq.importance == "none"
+    assert gptq.is_gram and gptq.is_statistics and gptq.probe.prompt == "2+2=" and gptq.importance == "none"
     own = calibrate.make_params(JobSpec("x", options={"importance": "imatrix", "calibration_text": _TEXT}))
     assert own.text == _TEXT and own.dataset_name.startswith("user-calibration-")
     assert calibrate.make_params(JobSpec("x", options={"importance": "imatrix"})).dataset_name.startswith(
@@ -124,7 +125,9 @@ def test_default_calibration_is_the_source_reference_only(
     answers = SourceAnswers.from_info(ref.info)
     assert answers.kind == "hf-16bit" and answers.probe.completions[0]["prompt"] == "1+1="
     # Made for exactly the request validate will send.
-    request = calibrate.probe_request(Path("any.gguf"), params, 1)
+    from pipeline.stages.validate.params import make_params as validate_params
+
+    request = validate_params(JobSpec("demo")).probe.request(Path("any.gguf"), 1)
     assert answers.request == request_key(request)
     assert ref.sequences.names == ("agreement",)
     assert list(ref.sequences.ids[0]) == answers.probe.text["tokens"]  # type: ignore[index]

@@ -33,7 +33,7 @@ def test_builtin_text_shares_nothing_long_with_the_agreement_text() -> None:
     text = builtin_text()
     assert find_shared_run(text, DEFAULT_AGREEMENT_TEXT, 5) is None
     assert _shared_span(_normalised(text), _normalised(DEFAULT_AGREEMENT_TEXT), _SPAN_CHARS) is None
-    assert Params().prompt not in text  # "1+1=": the sanity prompt's answer must not be taught
+    assert Params().probe.prompt not in text  # "1+1=": the sanity prompt's answer must not be taught
     assert "1+1" not in text.replace(" ", "")
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.calibration.probe import ProbeSpec
 from pipeline.core.errors import InputError
 from pipeline.orchestration.job_control import JobRequest, check_request, read_manifest
 from pipeline.stages.validate.params import DEFAULT_AGREEMENT_TEXT, Params
@@ -76,14 +77,15 @@ def test_target_picks_the_default_recipe_and_warns_about_slow_types() -> None:
 def test_the_table_matches_the_stages_defaults() -> None:
     assert all(option.kind in KINDS for option in OPTIONS.values())
     params = Params()
-    for field in dataclasses.fields(Params):
-        if field.name == "recipe":
-            continue
+    own = [field for field in dataclasses.fields(Params) if field.name not in ("recipe", "probe")]
+    settings = [(params, field) for field in own]
+    settings += [(params.probe, field) for field in dataclasses.fields(ProbeSpec)]
+    for holder, field in settings:
         option = OPTIONS[field.name]  # every validate setting is a known option
         assert option.stage == "validate", field.name
         if option.default is not None:
-            assert option.default == getattr(params, field.name), field.name
-    assert OPTIONS["agreement_text"].default is None and params.agreement_text == DEFAULT_AGREEMENT_TEXT
+            assert option.default == getattr(holder, field.name), field.name
+    assert OPTIONS["agreement_text"].default is None and params.probe.agreement_text == DEFAULT_AGREEMENT_TEXT
     recipe = Recipe(name="x", ternary_type="TQ2_0")
     for field in dataclasses.fields(Recipe):
         if field.name not in ("name", "ternary_type", "target_bpw", "min_top1", "max_kl"):
@@ -100,6 +102,11 @@ def test_check_request_runs_the_stages_cross_checks_before_any_row() -> None:
     with pytest.raises(InputError, match="agreement_fail_top1"):
         check_request(JobRequest("./x", None, 0, {"agreement_pass_top1": "0.4",
                                                   "agreement_fail_top1": "0.6"}))
+    # Calibrate's own reading: a calibration text that teaches the agreement text is refused now,
+    # not three stages into the job.
+    with pytest.raises(InputError, match="agreement"):
+        check_request(JobRequest("./x", None, 0, {"importance": "imatrix",
+                                                  "calibration_text": DEFAULT_AGREEMENT_TEXT}))
     checked = check_request(JobRequest("./x", "Q2_0", 0, {"embed_type": "bf16", "target": "cpu"}))
     assert (checked.recipe, checked.options["embed_type"]) == ("q2_0", "BF16")
     assert checked.warnings and "scalar" in checked.warnings[0]

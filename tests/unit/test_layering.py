@@ -111,6 +111,27 @@ def test_each_layer_imports_only_layers_below_it() -> None:
     assert problems == []
 
 
+# Shared by every stage: the protocol and contracts (base), the source grammar (sources).
+_STAGE_COMMONS = {"base", "sources"}
+# The one stage-to-stage import left (issue 26): the auto search builds each candidate with the
+# package stage's own writer, so what it scores is byte for byte what package would write.
+_STAGE_EXCEPTIONS = {("decompose", "package")}
+
+
+def test_no_stage_imports_another_stage() -> None:
+    problems = []
+    for module, targets in _graph().items():
+        parts = module.split(".")
+        if parts[:2] != ["pipeline", "stages"] or len(parts) < 3 or parts[2] in _STAGE_COMMONS:
+            continue
+        for target in sorted(targets):
+            other = target.split(".")
+            if other[:2] == ["pipeline", "stages"] and len(other) > 2 and other[2] not in _STAGE_COMMONS \
+                    and other[2] != parts[2] and (parts[2], other[2]) not in _STAGE_EXCEPTIONS:
+                problems.append(f"{module} imports {target}")
+    assert problems == []
+
+
 def test_nothing_in_pipeline_imports_the_workers_entry_package() -> None:
     bad = [m for m, path in _modules() for name in _imports(m, path) if name.split(".")[0] == "workers"]
     assert bad == []

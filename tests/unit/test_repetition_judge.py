@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.calibration.probe import ProbeResult
 from pipeline.stages.validate.judge import repetition_check
-from pipeline.stages.validate.probe import ProbeResult
 
 BYTE_TOKENS = [199, 171, 230, 188, 155, 229, 134]  # seven different byte tokens, each rendering as U+FFFD
 BYTES_TEXT = "\ufffd" * 7

@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 from conftest import package_inputs
 
+from pipeline.calibration import probe
 from pipeline.core.errors import InputError, IntegrityError
 from pipeline.core.files import sha256_file
 from pipeline.formats.gguf.reader import GGUFFile
 from pipeline.formats.gguf.writer import TensorToWrite, Typed, write_gguf
 from pipeline.stages import package, validate
 from pipeline.stages.base import InputFile, JobSpec
-from pipeline.stages.validate import file_checks, probe
+from pipeline.stages.validate import file_checks
 from pipeline.stages.validate.judge import agreement_stats
 
 _SOURCE_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors")
@@ -186,8 +187,10 @@ def test_make_params_reads_options() -> None:
             },
         )
     )
-    assert (params.n_ctx, params.n_gpu_layers, params.prompt, params.expected) == (128, 99, "2+2=", "4")
-    assert (params.agreement_fail_top1, params.agreement_text, params.max_tokens) == (0.2, "Short text.", 16)
+    assert (params.probe.n_ctx, params.probe.n_gpu_layers, params.probe.prompt, params.expected) == (
+        128, 99, "2+2=", "4")
+    assert (params.agreement_fail_top1, params.probe.agreement_text, params.probe.max_tokens) == (
+        0.2, "Short text.", 16)
 
 
 @pytest.mark.parametrize(

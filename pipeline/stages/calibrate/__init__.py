@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from pipeline.stages.calibrate.stage import NAME, VERSION, Params, make_params, probe_request, run
+from pipeline.stages.calibrate.stage import NAME, VERSION, Params, make_params, run
 
-__all__ = ["NAME", "VERSION", "Params", "make_params", "run", "probe_request"]
+__all__ = ["NAME", "VERSION", "Params", "make_params", "run"]

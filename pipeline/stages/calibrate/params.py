@@ -11,16 +11,18 @@ Options it reads (shared with other stages by name):
 - ``calibration_ctx``: tokens per calibration sequence (default 512, as llama-imatrix);
 - ``reference_top_k`` / ``reference_tail_samples``: how much of each source distribution the
   reference keeps (`calibration.reference`);
-- the validate stage's probe options (``prompt``, ``chat_prompt``, ``max_tokens``,
-  ``chat_max_tokens``, ``agreement_text``, ``n_ctx``, ``n_gpu_layers``, ``seed``, ``timeout_s``):
-  the source answers exactly what validate will ask the conversion.
+- the llama.cpp probe's options (`calibration.probe.ProbeSpec`: ``prompt``, ``chat_prompt``,
+  ``max_tokens``, ``chat_max_tokens``, ``agreement_text``, ``n_ctx``, ``n_gpu_layers``, ``seed``,
+  ``timeout_s``), read by the same spec validate reads: the source answers exactly what validate
+  will ask the conversion.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.calibration.probe import ProbeSpec
 from pipeline.calibration.text import BUILTIN_NAME, builtin_text, check_disjoint, text_sha256
 from pipeline.core.errors import InputError
 from pipeline.stages.base import JobSpec
@@ -38,15 +40,7 @@ MAX_INLINE_BYTES = 1024 * 1024
 class Params:
     """What the source is run on and what is kept; see the module docstring for each option."""
 
-    prompt: str = "1+1="
-    max_tokens: int = 16
-    chat_prompt: str = "What is 1+1?"
-    chat_max_tokens: int = 32
-    agreement_text: str = ""
-    n_ctx: int = 256
-    n_gpu_layers: int = 0
-    seed: int = 0
-    timeout_s: float = 300.0
+    probe: ProbeSpec = field(default_factory=ProbeSpec)
     importance: str = "none"
     is_gram: bool = False
     calibration_text: str = ""
@@ -102,23 +96,12 @@ def _calibration_text(options: Any) -> str:
 def make_params(job: JobSpec) -> Params:
     """Params from the job's options; InputError for an unknown importance kind, a bad number, or a
     calibration text that contains a passage of the agreement text."""
-    from pipeline.stages.validate.params import make_params as validate_params
-
-    probe = validate_params(job)  # the very prompts and text validate will ask
     options = job.options
     importance = importance_for(job.recipe, options)
     if importance not in IMPORTANCE_KINDS:
         raise InputError(f"option importance={importance!r}; expected one of {', '.join(IMPORTANCE_KINDS)}")
     params = Params(
-        prompt=probe.prompt,
-        max_tokens=probe.max_tokens,
-        chat_prompt=probe.chat_prompt,
-        chat_max_tokens=probe.chat_max_tokens,
-        agreement_text=probe.agreement_text,
-        n_ctx=probe.n_ctx,
-        n_gpu_layers=probe.n_gpu_layers,
-        seed=probe.seed,
-        timeout_s=probe.timeout_s,
+        probe=ProbeSpec.from_options(options),  # the very prompts and text validate will ask
         importance=str(importance),
         is_gram=options.get("method") == "gptq",
         calibration_text=_calibration_text(options),
@@ -126,6 +109,6 @@ def make_params(job: JobSpec) -> Params:
         top_k=_int_option(options, "reference_top_k", 64, 1, 4096),
         tail_samples=_int_option(options, "reference_tail_samples", 64, 1, 4096),
     )
-    if params.is_statistics and params.agreement_text:
-        check_disjoint(params.text, params.agreement_text)
+    if params.is_statistics and params.probe.agreement_text:
+        check_disjoint(params.text, params.probe.agreement_text)
     return params

@@ -34,12 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipeline.calibration.sequences import TokenSequences
-from pipeline.calibration.text import text_sha256
-from pipeline.core.errors import InputError, IntegrityError
-from pipeline.formats.model_card import CARD_NAME, ModelCard
-from pipeline.stages.base import InputFile, OutputFile, StageResult, inputs_of
-from pipeline.stages.calibrate.answers import (
+from pipeline.calibration.answers import (
     AGREEMENT,
     CALIBRATION,
     GRAM_PREFIX,
@@ -48,8 +43,13 @@ from pipeline.stages.calibrate.answers import (
     SourceAnswers,
     request_key,
 )
+from pipeline.calibration.probe import ProbeProcess, ProbeResult
+from pipeline.calibration.sequences import TokenSequences
+from pipeline.calibration.text import text_sha256
+from pipeline.core.errors import InputError, IntegrityError
+from pipeline.formats.model_card import CARD_NAME, ModelCard
+from pipeline.stages.base import InputFile, OutputFile, StageResult, inputs_of
 from pipeline.stages.calibrate.params import Params, make_params
-from pipeline.stages.validate.probe import ProbeProcess, ProbeRequest, ProbeResult
 from pipeline.ternary.policy import LINEAR_KINDS
 
 if TYPE_CHECKING:
@@ -57,29 +57,13 @@ if TYPE_CHECKING:
     # may still be loading torch (an embedded job's calibrate never waits for it up front).
     from pipeline.calibration.reference import ReferenceBuilder, SourceReference
 
-__all__ = ["NAME", "VERSION", "Params", "make_params", "run", "probe_request"]
+__all__ = ["NAME", "VERSION", "Params", "make_params", "run"]
 
 NAME = "calibrate"
 VERSION = "1"
 
 log = logging.getLogger(__name__)
 _LINEAR = re.compile(r"^blk\.\d+\.(" + "|".join(LINEAR_KINDS) + r")\.weight$")
-
-
-def probe_request(path: Path, params: Params, n_threads: int) -> ProbeRequest:
-    """The probe validate runs on a conversion, here run on the source."""
-    return ProbeRequest(
-        path=str(path),
-        prompts=(params.prompt,),
-        max_tokens=params.max_tokens,
-        chat_prompt=params.chat_prompt or None,
-        chat_max_tokens=params.chat_max_tokens,
-        text=params.agreement_text or None,
-        n_ctx=params.n_ctx,
-        n_threads=n_threads,
-        n_gpu_layers=params.n_gpu_layers,
-        seed=params.seed,
-    )
 
 
 def _threads() -> int:
@@ -130,7 +114,7 @@ def _collect(
     calibration = tokenize_texts(source, {CALIBRATION: params.text}, params.calibration_ctx)
     sequences = TokenSequences(agreement.names + calibration.names, agreement.ids + calibration.ids)
     counted = range(len(agreement.ids), len(sequences.ids))
-    builder = ReferenceBuilder(sequences, params.top_k, params.tail_samples, params.seed)
+    builder = ReferenceBuilder(sequences, params.top_k, params.tail_samples, params.probe.seed)
     stats = ActivationStats(gram_for=(lambda name: bool(_LINEAR.match(name))) if params.is_gram else NO_GRAM)
     gram_dir = workdir / GRAM_PREFIX.rstrip("/")
     report = collect_with_llama_cpp(
@@ -169,8 +153,8 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
         with ProbeProcess(workdir, label="source") as child:  # llama.cpp loads while the source is written
             source, kind = _source_path(card, download, workdir)
             written_s = time.monotonic() - started
-            request = probe_request(source, params, n_threads)
-            probe, why = child.run(request, params.timeout_s)
+            request = params.probe.request(source, n_threads)
+            probe, why = child.run(request, params.probe.timeout_s)
         from pipeline.calibration.reference import ReferenceBuilder, write_reference
 
         if probe is None:
@@ -183,7 +167,7 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
         if params.is_statistics:
             builder, outputs, metrics, notes = _collect(source, params, agreement, workdir, n_threads)
         else:
-            builder = ReferenceBuilder(agreement, params.top_k, params.tail_samples, params.seed)
+            builder = ReferenceBuilder(agreement, params.top_k, params.tail_samples, params.probe.seed)
             if agreement.ids:
                 builder.add(0, np.load(str(probe.logits_path)))
     finally:
@@ -195,7 +179,7 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
     info = {
         "answers": answers.to_info(),
         "source_card_sha256": card_item.sha256,
-        "agreement_text_sha256": text_sha256(params.agreement_text),
+        "agreement_text_sha256": text_sha256(params.probe.agreement_text),
         "calibration_text_sha256": text_sha256(params.text) if params.is_statistics else None,
     }
     reference = (builder.build(info) if builder.sequences.ids

@@ -30,11 +30,11 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.calibration.answers import CALIBRATION
 from pipeline.calibration.reference import SourceReference
 from pipeline.core.errors import InputError, IntegrityError
 from pipeline.formats.model_card import ModelCard
 from pipeline.stages.base import InputFile
-from pipeline.stages.calibrate.answers import CALIBRATION
 from pipeline.stages.decompose.auto import Allocation, Candidates, RungBytes, choose, label_of
 from pipeline.ternary.policy import Recipe, TensorDecision, meets_quality
 

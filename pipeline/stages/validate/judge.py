@@ -20,15 +20,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pipeline.calibration.answers import AGREEMENT
 from pipeline.calibration.predictions import AgreementStats, agreement_stats
 from pipeline.core.errors import IntegrityError
 from pipeline.ternary.policy import meets_quality
 
 if TYPE_CHECKING:
     from pipeline.calibration.agreement import ReferenceAgreement
+    from pipeline.calibration.probe import ProbeResult
     from pipeline.calibration.reference import SourceReference
     from pipeline.stages.validate.params import Params
-    from pipeline.stages.validate.probe import ProbeResult
 
 __all__ = [
     "Check", "AgreementStats", "repetition_of", "first_answer", "agreement_stats", "verdict_of",
@@ -41,7 +42,6 @@ _LOOP_MATCH = 0.8  # a cycle may be imperfect: this share of the tail must follo
 _MIN_TEXT_UNIT_REPEATS = 3  # " tre tre tre": a unit of text three times in a row...
 _MIN_TEXT_LOOP_CHARS = 6  # ...spanning at least this many characters ("111111", "ababab")
 _MAX_TEXT_UNIT_CHARS = 16
-_AGREEMENT = "agreement"  # the reference's name for the agreement text (calibrate.answers.AGREEMENT)
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ def _score(reference: SourceReference, candidate: ProbeResult, tokens: list[int]
     """The candidate's logits on the agreement text against the reference's (same token ids)."""
     from pipeline.calibration.agreement import ReferenceScorer
 
-    scorer = ReferenceScorer(reference, [_AGREEMENT])
+    scorer = ReferenceScorer(reference, [AGREEMENT])
     (index,) = scorer.indices
     if list(reference.sequences.ids[index]) != list(tokens):
         raise IntegrityError("the source reference was made on other tokens of the agreement text; "
@@ -263,7 +263,7 @@ def agreement_check(
     """
     if source is None or reference is None:
         return Check("agreement", "warn", f"agreement with the source not measured: {source_why}")
-    if not params.agreement_text:
+    if not params.probe.agreement_text:
         return Check("agreement", "warn", "agreement not measured: the agreement text option is empty")
     if candidate.n_vocab != source.n_vocab:
         return Check(

@@ -12,13 +12,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from pipeline.calibration.probe import ProbeResult
 from pipeline.core.errors import IntegrityError
 from pipeline.core.files import write_json
 from pipeline.formats.jsonfile import load_json
 from pipeline.stages.base import InputFile
 from pipeline.stages.validate.judge import Check, first_answer, verdict_of
 from pipeline.stages.validate.params import Params
-from pipeline.stages.validate.probe import ProbeResult
 
 __all__ = ["REPORT_FORMAT", "REPORT_NAME", "ValidationReport"]
 

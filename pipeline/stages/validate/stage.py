@@ -39,6 +39,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.calibration.probe import ProbeProcess, ProbeRequest, ProbeResult
 from pipeline.core.errors import InputError, IntegrityError
 from pipeline.formats.jsonfile import load_json
 from pipeline.stages.base import InputFile, OutputFile, StageResult
@@ -55,7 +56,6 @@ from pipeline.stages.validate.judge import (
     source_answer_check,
 )
 from pipeline.stages.validate.params import DEFAULT_AGREEMENT_TEXT, Params, ValidationFailed, make_params
-from pipeline.stages.validate.probe import ProbeProcess, ProbeRequest, ProbeResult
 from pipeline.stages.validate.report import REPORT_NAME, ValidationReport
 
 if TYPE_CHECKING:
@@ -81,27 +81,12 @@ VERSION = "3"  # 3: repetition judged by token ids; scored against calibrate's s
 log = logging.getLogger(__name__)
 
 
-def _request(path: Path, params: Params) -> ProbeRequest:
-    return ProbeRequest(
-        path=str(path),
-        prompts=(params.prompt,),
-        max_tokens=params.max_tokens,
-        chat_prompt=params.chat_prompt or None,
-        chat_max_tokens=params.chat_max_tokens,
-        text=params.agreement_text or None,
-        n_ctx=params.n_ctx,
-        n_threads=params.n_threads,
-        n_gpu_layers=params.n_gpu_layers,
-        seed=params.seed,
-    )
-
-
 def _source(
     inputs: Mapping[str, InputFile], request: ProbeRequest
 ) -> tuple[ProbeResult | None, SourceReference | None, str, str]:
     """(the source's answers, its reference, the source's kind, why there is none) from calibrate."""
+    from pipeline.calibration.answers import REFERENCE_NAME, SourceAnswers, request_key
     from pipeline.calibration.reference import read_reference
-    from pipeline.stages.calibrate.answers import REFERENCE_NAME, SourceAnswers, request_key
 
     item = inputs.get(f"calibrate/{REFERENCE_NAME}")
     if item is None:
@@ -128,7 +113,7 @@ def _load_decompose_report(inputs: Mapping[str, InputFile]) -> dict[str, Any] | 
 def _is_exact_alone(inputs: Mapping[str, InputFile], decompose_report: dict[str, Any] | None) -> bool:
     """Decompose proved the file bit-exact and calibrate was not needed (no source reference): the
     file is judged alone, its agreement with the source not measured."""
-    from pipeline.stages.calibrate.answers import REFERENCE_NAME
+    from pipeline.calibration.answers import REFERENCE_NAME
 
     return f"calibrate/{REFERENCE_NAME}" not in inputs and bool((decompose_report or {}).get("exact"))
 
@@ -148,7 +133,7 @@ def _checks(
     decompose_report: dict[str, Any] | None,
 ) -> tuple[list[Check], dict[str, Any]]:
     """Every check after a successful load, and the source's side of the report."""
-    source, reference, ref_kind, why = _source(inputs, _request(path, params))
+    source, reference, ref_kind, why = _source(inputs, params.probe.request(path, params.n_threads))
     try:
         checks = [
             answer_check(
@@ -209,10 +194,10 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
         except IntegrityError as exc:
             checks.append(Check("loads", "fail", f"the file's GGUF structure is broken: {exc}"))
         if summary is not None:
-            request = _request(item.path, params)
+            request = params.probe.request(item.path, params.n_threads)
             if _is_exact_alone(inputs, decompose_report):
                 request = replace(request, text=None)  # nothing to score the text's logits against
-            candidate, why = child.run(request, params.timeout_s)
+            candidate, why = child.run(request, params.probe.timeout_s)
     if summary is not None:
         if candidate is None:
             checks.append(Check("loads", "fail", why))

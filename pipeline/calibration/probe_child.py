@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.stages.validate.probe import ProbeResult
+from pipeline.calibration.probe import ProbeResult
 
 __all__ = ["main"]
 

@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pipeline.calibration.probe import ProbeRequest, ProbeResult
 from pipeline.core.errors import IntegrityError
-from pipeline.stages.validate.probe import ProbeRequest, ProbeResult
 
 __all__ = [
     "REFERENCE_NAME",

@@ -29,18 +29,71 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.errors import IntegrityError
+from pipeline.core.errors import InputError, IntegrityError
+from pipeline.core.option_fields import read_fields
 from pipeline.formats.jsonfile import load_json
 
-__all__ = ["ProbeRequest", "ProbeResult", "ProbeProcess", "run_probe"]
+__all__ = ["ProbeSpec", "ProbeRequest", "ProbeResult", "ProbeProcess", "run_probe", "DEFAULT_AGREEMENT_TEXT"]
+
+# A few plain sentences: common words, no numbers or names a small model could not know.
+DEFAULT_AGREEMENT_TEXT = (
+    "The river runs through the old town and past the market square. Every morning the bakers "
+    "open their doors, and the smell of fresh bread fills the street. Children walk to school "
+    "while their parents hurry to work. In the evening the lamps are lit, and people meet their "
+    "friends for dinner."
+)
 
 _STDERR_TAIL_CHARS = 2000
 _MAX_RESULT_BYTES = 16 * 1024 * 1024
 _TRACEBACK_HEAD = "Traceback (most recent call last):"
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """What both sides of a validation ask llama.cpp: calibrate asks the source, validate the
+    conversion, so the two answers and logits compare. Each field is a job option of the same name;
+    ``timeout_s`` bounds each llama.cpp run, ``n_gpu_layers=0`` keeps it on the CPU."""
+
+    prompt: str = "1+1="
+    max_tokens: int = 16
+    chat_prompt: str = "What is 1+1?"
+    chat_max_tokens: int = 32
+    agreement_text: str = DEFAULT_AGREEMENT_TEXT
+    n_ctx: int = 256
+    n_gpu_layers: int = 0
+    seed: int = 0
+    timeout_s: float = 300.0
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> ProbeSpec:
+        """The spec a job's options ask for; InputError for a value of the wrong kind or range."""
+        spec = cls(**read_fields(cls, options, "validate"))
+        if spec.n_ctx < 16 or spec.max_tokens < 1 or spec.timeout_s <= 0:
+            raise InputError(
+                f"validate options: n_ctx {spec.n_ctx} (>= 16), max_tokens {spec.max_tokens} "
+                f"(>= 1) and timeout_s {spec.timeout_s} (> 0) are out of range"
+            )
+        return spec
+
+    def request(self, path: Path, n_threads: int) -> ProbeRequest:
+        """The request that runs this spec on the file at ``path``."""
+        return ProbeRequest(
+            path=str(path),
+            prompts=(self.prompt,),
+            max_tokens=self.max_tokens,
+            chat_prompt=self.chat_prompt or None,
+            chat_max_tokens=self.chat_max_tokens,
+            text=self.agreement_text or None,
+            n_ctx=self.n_ctx,
+            n_threads=n_threads,
+            n_gpu_layers=self.n_gpu_layers,
+            seed=self.seed,
+        )
 
 
 @dataclass(frozen=True)
@@ -159,7 +212,7 @@ class ProbeProcess:
         root = str(Path(__file__).resolve().parents[2])
         path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONPATH": path}
-        code = "from pipeline.stages.validate.probe_child import main; main()"
+        code = "from pipeline.calibration.probe_child import main; main()"
         self._proc: subprocess.Popen[str] | None = subprocess.Popen(
             [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env=env,
