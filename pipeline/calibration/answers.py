@@ -65,9 +65,7 @@ class SourceAnswers:
     request: Mapping[str, Any] = field(default_factory=dict)
 
     def to_info(self) -> dict[str, Any]:
-        probe = asdict(self.probe)
-        probe["completions"] = list(self.probe.completions)
-        probe["logits_path"] = None
+        probe = {**self.probe.to_document(), "logits_path": None}
         return {"format": ANSWERS_FORMAT, "kind": self.kind, "probe": probe, "request": dict(self.request)}
 
     @classmethod
@@ -77,19 +75,8 @@ class SourceAnswers:
         if not isinstance(document, Mapping) or document.get("format") != ANSWERS_FORMAT:
             raise IntegrityError(f"the source reference holds no {ANSWERS_FORMAT} answers; {_FIX}")
         try:
-            probe = dict(document["probe"])
-            return cls(
-                kind=str(document["kind"]),
-                probe=ProbeResult(
-                    load_s=float(probe["load_s"]),
-                    n_vocab=int(probe["n_vocab"]),
-                    has_chat_template=bool(probe["has_chat_template"]),
-                    completions=tuple(dict(c) for c in probe["completions"]),
-                    chat=dict(probe["chat"]) if probe.get("chat") else None,
-                    text=dict(probe["text"]) if probe.get("text") else None,
-                    backend=dict(probe["backend"]),
-                ),
-                request=dict(document.get("request") or {}),
-            )
+            probe = {**dict(document["probe"]), "logits_path": None}  # the reference holds the logits
+            return cls(kind=str(document["kind"]), probe=ProbeResult.from_document(probe),
+                       request=dict(document.get("request") or {}))
         except (KeyError, TypeError, ValueError) as exc:
             raise IntegrityError(f"the source reference's answers are malformed ({exc!r}); {_FIX}") from exc

@@ -132,25 +132,35 @@ class ProbeResult:
 
     def write(self, path: Path) -> None:
         """Write the result as JSON (the child's side)."""
+        path.write_text(json.dumps(self.to_document()), encoding="utf-8")
+
+    def to_document(self) -> dict[str, Any]:
+        """The result as plain JSON values (what `write` writes and `from_document` reads)."""
         document = asdict(self)
         document["completions"] = list(self.completions)
-        path.write_text(json.dumps(document), encoding="utf-8")
+        return document
+
+    @classmethod
+    def from_document(cls, document: Mapping[str, Any]) -> ProbeResult:
+        """The one reader of a probe result's document; KeyError, TypeError or ValueError when it is
+        malformed (callers name the file)."""
+        return cls(
+            load_s=float(document["load_s"]),
+            n_vocab=int(document["n_vocab"]),
+            has_chat_template=bool(document["has_chat_template"]),
+            completions=tuple(dict(c) for c in document["completions"]),
+            chat=dict(document["chat"]) if document.get("chat") else None,
+            text=dict(document["text"]) if document.get("text") else None,
+            backend=dict(document["backend"]),
+            logits_path=document.get("logits_path"),
+        )
 
     @classmethod
     def load(cls, path: Path, label: str) -> ProbeResult:
         """Read a child's result; IntegrityError naming `label` when it is malformed."""
         document = load_json(path, f"{label} probe result", max_bytes=_MAX_RESULT_BYTES, error=IntegrityError)
         try:
-            return cls(
-                load_s=float(document["load_s"]),
-                n_vocab=int(document["n_vocab"]),
-                has_chat_template=bool(document["has_chat_template"]),
-                completions=tuple(dict(c) for c in document["completions"]),
-                chat=dict(document["chat"]) if document.get("chat") else None,
-                text=dict(document["text"]) if document.get("text") else None,
-                backend=dict(document["backend"]),
-                logits_path=document.get("logits_path"),
-            )
+            return cls.from_document(document)
         except (KeyError, TypeError, ValueError) as exc:
             raise IntegrityError(f"{label} probe result is malformed ({exc!r})") from exc
 
