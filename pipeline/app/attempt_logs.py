@@ -33,7 +33,7 @@ def attempt_logs(
     with session_scope(rt.sessions) as session:
         job = repo.get_job(session, job_id)
         runs = sorted(job.stage_runs,
-                      key=lambda r: (STAGE_ORDER.index(StageName(r.stage)), r.attempt, r.shard))
+                      key=lambda r: (STAGE_ORDER.index(r.stage), r.attempt, r.shard))
         wanted = [run for run in runs if (stage is None or run.stage == stage.value)
                   and (attempt is None or run.attempt == attempt)]
         return [_entry(session, run) for run in wanted]

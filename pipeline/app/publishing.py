@@ -33,7 +33,7 @@ def job_facts(session: Session, store: ArtifactStore, job_id: int) -> tuple[JobF
     finished = (StageState.SUCCEEDED.value, StageState.SKIPPED_CACHED.value, StageState.FAILED.value)
     if validate is None or validate.status not in finished:
         verdict = "missing"
-    elif validate.status == StageState.FAILED.value:
+    elif validate.status == StageState.FAILED:
         verdict = "fail"
     else:
         verdict = str(metrics.get("verdict", "pass"))

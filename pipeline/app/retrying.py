@@ -39,7 +39,7 @@ def planned_lines(job_id: int, stages: Sequence[str], force: bool) -> list[str]:
 def outcome_lines(rt: Runtime, job_id: int, run_ids: Sequence[int], from_stage: str | None) -> list[str]:
     """After an in-process run: which of the new attempts computed and which reused a result."""
     runs = _runs(rt, run_ids)
-    cached = [run for run in runs if run.status == StageState.SKIPPED_CACHED.value]
+    cached = [run for run in runs if run.status == StageState.SKIPPED_CACHED]
     if not cached:
         return []
     reused = ", ".join(f"{run.stage} (result of run {run.cached_from_id})" for run in cached)

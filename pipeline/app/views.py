@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pipeline.artifacts.store import ArtifactStore, shareable_uri
-from pipeline.core.states import STAGE_ORDER, StageName, StageState
+from pipeline.core.states import STAGE_ORDER, LinkDirection, StageName
 from pipeline.db.models import Job, StageRun
 from pipeline.orchestration import coordinator
 from pipeline.orchestration.plan import plan_for
@@ -22,7 +22,7 @@ def _latest(job: Job) -> dict[StageName, StageRun]:
     latest: dict[StageName, StageRun] = {}
     for run in sorted(job.stage_runs, key=lambda r: r.attempt):
         if not run.shard:  # shard children belong to their parent's attempt
-            latest[StageName(run.stage)] = run
+            latest[run.stage] = run
     return latest
 
 
@@ -30,7 +30,7 @@ def job_summary(job: Job) -> dict[str, Any]:
     from pipeline.ternary.options import job_warnings
 
     latest = _latest(job)
-    states = {stage: StageState(run.status) for stage, run in latest.items()}
+    states = {stage: run.status for stage, run in latest.items()}
     plan = plan_for(job.recipe, job.params, latest)
     current = coordinator.frontier(states, plan.waits_for(spare_workers=False), plan.stages)
     return {
@@ -96,15 +96,15 @@ def run_view(run: StageRun, store: ArtifactStore | None = None) -> dict[str, Any
         "started_at": _time(run.started_at),
         "finished_at": _time(run.finished_at),
         "duration_s": run.duration_s,
-        "inputs": [artifact(link) for link in run.links if link.direction == "in"],
-        "outputs": [artifact(link) for link in run.links if link.direction == "out"],
+        "inputs": [artifact(link) for link in run.links if link.direction == LinkDirection.IN],
+        "outputs": [artifact(link) for link in run.links if link.direction == LinkDirection.OUT],
     }
 
 
 def job_detail(job: Job, store: ArtifactStore | None = None) -> dict[str, Any]:
     """A job with every attempt of every stage, their artifacts, and the validation result."""
     detail = job_summary(job)
-    runs = sorted(job.stage_runs, key=lambda r: (STAGE_ORDER.index(StageName(r.stage)), r.id))
+    runs = sorted(job.stage_runs, key=lambda r: (STAGE_ORDER.index(r.stage), r.id))
     detail["stages"] = [run_view(run, store) for run in runs]
     latest = _latest(job)
     validate = latest.get(StageName.VALIDATE)

@@ -73,14 +73,14 @@ def _line(job: Job, idle_queues: Sequence[str]) -> JobLine:
     current = [run for run in runs if run.stage == stage]
     newest = max(current, key=lambda run: run.attempt) if current else None
     waiting = None
-    if stage and newest is not None and newest.status in _WAITING and not JobState(job.status).is_final:
+    if stage and newest is not None and newest.status in _WAITING and not job.status.is_final:
         queue = QUEUE_OF[StageName(stage)]
         waiting = queue if queue in idle_queues else None
     return JobLine(
         job_id=job.id, status=job.status, progress=summary["progress"], stage=stage,
         attempt=newest.attempt if newest is not None else None,
         retries=sum(1 for run in runs if run.attempt > 1),
-        cached=sum(1 for run in runs if run.status == StageState.SKIPPED_CACHED.value),
+        cached=sum(1 for run in runs if run.status == StageState.SKIPPED_CACHED),
         source=job.source, waiting_queue=waiting,
     )
 
@@ -178,5 +178,5 @@ def _watch_plain(look: Callable[[Sequence[int] | None], Snapshot], snapshot: Sna
 
 
 def _code(snapshot: Snapshot) -> int:
-    return 0 if all(line.status == JobState.SUCCEEDED.value for line in snapshot.lines) else 1
+    return 0 if all(line.status == JobState.SUCCEEDED for line in snapshot.lines) else 1
 

@@ -17,6 +17,7 @@ __all__ = [
     "StageName",
     "StageState",
     "JobState",
+    "LinkDirection",
     "STAGE_INPUTS",
     "STAGE_ORDER",
     "DONE_STATES",
@@ -117,6 +118,13 @@ class JobState(StrEnum):
     @property
     def is_final(self) -> bool:
         return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class LinkDirection(StrEnum):
+    """Which way an artifact is linked to a stage run: read by it, or written."""
+
+    IN = "in"
+    OUT = "out"
 
 
 _S = StageState

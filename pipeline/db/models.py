@@ -7,6 +7,7 @@ is made. Status columns are written by `pipeline.db.repo` alone.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
@@ -14,6 +15,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
+    Enum,
     ForeignKey,
     Index,
     Integer,
@@ -21,13 +23,23 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, validates
+
+from pipeline.core.states import JobState, LinkDirection, StageName, StageState
 
 __all__ = ["Base", "Job", "StageRun", "Artifact", "RunArtifact", "Provenance", "Worker", "utcnow"]
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def _vocabulary(kind: type[StrEnum], length: int) -> Enum:
+    """A fixed vocabulary stored as its values in a VARCHAR of ``length``: rows load as ``kind``'s
+    members, and an unknown value is refused on write. No database enum type and no CHECK: the
+    schema is what the migrations made."""
+    return Enum(kind, native_enum=False, create_constraint=False, length=length, validate_strings=True,
+                values_callable=lambda members: [member.value for member in members])
 
 
 class Base(DeclarativeBase):
@@ -48,7 +60,7 @@ class Job(Base):
     resolved_revision: Mapped[str | None] = mapped_column(String(64))
     recipe: Mapped[str] = mapped_column(String(64))
     params: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    status: Mapped[str] = mapped_column(String(16), index=True)
+    status: Mapped[JobState] = mapped_column(_vocabulary(JobState, 16), index=True)
     priority: Mapped[int] = mapped_column(Integer, default=0)
     submitted_by: Mapped[str | None] = mapped_column(String(256))
     error_message: Mapped[str | None] = mapped_column(Text)
@@ -60,6 +72,10 @@ class Job(Base):
     stage_runs: Mapped[list[StageRun]] = relationship(
         back_populates="job", order_by="StageRun.id", cascade="all, delete-orphan"
     )
+
+    @validates("status")
+    def _job_state(self, _key: str, value: str) -> JobState:
+        return JobState(value)  # a row built in memory holds members too, as a loaded one does
 
 
 class StageRun(Base):
@@ -74,12 +90,12 @@ class StageRun(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
-    stage: Mapped[str] = mapped_column(String(32))
+    stage: Mapped[StageName] = mapped_column(_vocabulary(StageName, 32))
     # Fan-out: a child run works on one source shard for its parent run ("" = not a child).
     shard: Mapped[str] = mapped_column(String(512), default="", server_default="")
     parent_run_id: Mapped[int | None] = mapped_column(ForeignKey("stage_runs.id"), index=True)
     attempt: Mapped[int] = mapped_column(Integer)
-    status: Mapped[str] = mapped_column(String(16))
+    status: Mapped[StageState] = mapped_column(_vocabulary(StageState, 16))
     worker_host: Mapped[str | None] = mapped_column(String(256))
     device: Mapped[str | None] = mapped_column(String(64))
     task_id: Mapped[str | None] = mapped_column(String(64))
@@ -111,6 +127,10 @@ class StageRun(Base):
         back_populates="stage_run", order_by="RunArtifact.name", cascade="all, delete-orphan"
     )
 
+    @validates("stage", "status")
+    def _vocabularies(self, key: str, value: str) -> StageName | StageState:
+        return StageName(value) if key == "stage" else StageState(value)
+
     @property
     def duration_s(self) -> float | None:
         if self.started_at is None or self.finished_at is None:
@@ -140,12 +160,16 @@ class RunArtifact(Base):
     stage_run_id: Mapped[int] = mapped_column(
         ForeignKey("stage_runs.id", ondelete="CASCADE"), primary_key=True
     )
-    direction: Mapped[str] = mapped_column(String(3), primary_key=True)
+    direction: Mapped[LinkDirection] = mapped_column(_vocabulary(LinkDirection, 3), primary_key=True)
     name: Mapped[str] = mapped_column(String(1024), primary_key=True)
     artifact_sha256: Mapped[str] = mapped_column(ForeignKey("artifacts.sha256"), index=True)
 
     stage_run: Mapped[StageRun] = relationship(back_populates="links")
     artifact: Mapped[Artifact] = relationship()
+
+    @validates("direction")
+    def _direction(self, _key: str, value: str) -> LinkDirection:
+        return LinkDirection(value)
 
 
 class Provenance(Base):

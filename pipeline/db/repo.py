@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError as SAIntegrityError
 from sqlalchemy.orm import Session, aliased, selectinload
 
 from pipeline.core.errors import InputError
-from pipeline.core.states import JobState, StageName, StageState, require
+from pipeline.core.states import JobState, LinkDirection, StageName, StageState, require
 from pipeline.db.models import Artifact, Job, Provenance, RunArtifact, StageRun, Worker, utcnow
 
 __all__ = [
@@ -50,7 +50,7 @@ def create_job(
         source=source,
         recipe=recipe,
         params=dict(params or {}),
-        status=JobState.PENDING.value,
+        status=JobState.PENDING,
         priority=priority,
         submitted_by=submitted_by,
     )
@@ -93,7 +93,7 @@ def new_attempt(
             StageRun.job_id == job.id, StageRun.stage == stage.value, StageRun.shard == shard
         )
     )
-    run = StageRun(job_id=job.id, stage=stage.value, shard=shard, attempt=(last or 0) + 1, status=state.value,
+    run = StageRun(job_id=job.id, stage=stage, shard=shard, attempt=(last or 0) + 1, status=state,
                    parent_run_id=parent.id if parent is not None else None,
                    is_forced=parent.is_forced if parent is not None else False,
                    retry_of_id=retry_of.id if retry_of is not None else None)
@@ -116,7 +116,7 @@ def retry_attempt(session: Session, failed: StageRun) -> StageRun | None:
     parent = session.get(StageRun, failed.parent_run_id) if failed.parent_run_id else None
     try:
         with session.begin_nested():
-            run = new_attempt(session, failed.job, StageName(failed.stage), shard=failed.shard, parent=parent,
+            run = new_attempt(session, failed.job, failed.stage, shard=failed.shard, parent=parent,
                               retry_of=failed)
     except SAIntegrityError:
         return None  # another process retried it first (its row commits with its transaction)
@@ -125,9 +125,9 @@ def retry_attempt(session: Session, failed: StageRun) -> StageRun | None:
 
 def set_stage_state(session: Session, run: StageRun, new: StageState, **fields: Any) -> StageRun:
     """Move a stage run to `new` (checked), stamping times and any extra columns given."""
-    require(StageState(run.status), new)
+    require(run.status, new)
     now = utcnow()
-    run.status = new.value
+    run.status = new
     if new is StageState.QUEUED:
         run.queued_at = now
     elif new is StageState.RUNNING:
@@ -144,12 +144,12 @@ def set_stage_state(session: Session, run: StageRun, new: StageState, **fields: 
 
 
 def set_job_state(session: Session, job: Job, new: JobState, error_message: str | None = None) -> Job:
-    old = JobState(job.status)
+    old = job.status
     if old is new:
         return job
     require(old, new)
     now = utcnow()
-    job.status = new.value
+    job.status = new
     if new is JobState.RUNNING:
         job.started_at = job.started_at or now
         job.finished_at = None
@@ -173,7 +173,7 @@ def latest_runs(session: Session, job_id: int, with_links: bool = False) -> dict
     if with_links:
         query = query.options(selectinload(StageRun.links).selectinload(RunArtifact.artifact))
     runs = session.scalars(query).all()
-    return {StageName(run.stage): run for run in runs}
+    return {run.stage: run for run in runs}
 
 
 def record_artifact(
@@ -215,9 +215,8 @@ def artifacts_by_digest(session: Session, digests: set[str]) -> dict[str, Artifa
     return {row.sha256: row for row in rows}
 
 
-def link_artifact(session: Session, run: StageRun, direction: str, name: str, artifact: Artifact) -> None:
-    if direction not in ("in", "out"):
-        raise ValueError(f"direction must be 'in' or 'out', got {direction!r}")
+def link_artifact(session: Session, run: StageRun, direction: LinkDirection, name: str,
+                  artifact: Artifact) -> None:
     # A plain add: each (run, direction, name) is linked once, and the flush comes with the commit.
     session.add(
         RunArtifact(stage_run_id=run.id, direction=direction, name=name, artifact_sha256=artifact.sha256)
@@ -233,7 +232,7 @@ def find_cached_run(session: Session, cache_key: str, exclude_run_id: int | None
     """The earliest succeeded run with this cache key, if any."""
     query = (
         select(StageRun)
-        .where(StageRun.cache_key == cache_key, StageRun.status == StageState.SUCCEEDED.value)
+        .where(StageRun.cache_key == cache_key, StageRun.status == StageState.SUCCEEDED)
         .order_by(StageRun.id)
         .limit(1)
     )
@@ -265,7 +264,7 @@ def touch_heartbeat(session: Session, run_id: int) -> bool:
     """Stamp a running run as alive; False when it is no longer running (cancelled or lost)."""
     result = session.execute(
         update(StageRun)
-        .where(StageRun.id == run_id, StageRun.status == StageState.RUNNING.value)
+        .where(StageRun.id == run_id, StageRun.status == StageState.RUNNING)
         .values(heartbeat_at=utcnow())
         .execution_options(synchronize_session=False)
     )
@@ -294,7 +293,7 @@ def running_with_key(session: Session, key: str, exclude_run_id: int, heartbeat_
             select(StageRun.id)
             .where(
                 StageRun.cache_key == key,
-                StageRun.status == StageState.RUNNING.value,
+                StageRun.status == StageState.RUNNING,
                 StageRun.id != exclude_run_id,
                 or_(StageRun.heartbeat_at > heartbeat_after, has_children),
             )

@@ -94,7 +94,7 @@ def _ternary_type(rt: Runtime, job_id: int) -> str | None:
 
 def _not_needed(session: Any, job_id: int) -> dict[int, StageName]:
     query = select(StageRun.id, StageRun.stage).where(
-        StageRun.job_id == job_id, StageRun.status == StageState.NOT_NEEDED.value)
+        StageRun.job_id == job_id, StageRun.status == StageState.NOT_NEEDED)
     return {run_id: StageName(stage) for run_id, stage in session.execute(query)}
 
 
@@ -167,7 +167,7 @@ class _JobRun:
             return
         with session_scope(self.rt.sessions) as session:
             run = session.get_one(StageRun, run_id)
-            event = StageEvent(self.job_id, StageName(run.stage), state, run.duration_s, run.error_message)
+            event = StageEvent(self.job_id, run.stage, state, run.duration_s, run.error_message)
         self.notify(event)
 
 

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from pipeline.artifacts.activity import store_activity
 from pipeline.artifacts.store import ArtifactStore
 from pipeline.core.errors import InputError
-from pipeline.core.states import StageName, StageState
+from pipeline.core.states import LinkDirection, StageName, StageState
 from pipeline.db import repo
 from pipeline.db.models import Job, StageRun, utcnow
 from pipeline.db.session import session_scope
@@ -68,13 +68,13 @@ def gather_inputs(session: Session, store: ArtifactStore, job: Job, stage: Stage
     # validate reads no calibrate that decompose's verdict made unneeded (even one that ran anyway).
     for upstream in plan_for(job.recipe, job.params, runs).reads(stage):
         run = runs.get(upstream)
-        if run is None or not StageState(run.status).is_done:
+        if run is None or not run.status.is_done:
             raise InputError(
                 f"job {job.id}: stage {stage.value} needs {upstream.value}, whose latest attempt "
                 f"is {run.status if run else 'missing'}; retry from {upstream.value}"
             )
         for link in run.links:
-            if link.direction != "out":
+            if link.direction != LinkDirection.OUT:
                 continue
             artifact = link.artifact
             inputs[f"{upstream.value}/{link.name}"] = InputFile(
@@ -146,11 +146,11 @@ def _carry_out(rt: Runtime, run_id: int, use_cache: bool, captured: AttemptLog) 
         with session_scope(rt.sessions) as session:
             _lock_key_of(session, run_id)
             run = _lock_run(session, run_id)
-            if run.status != StageState.RUNNING.value:
+            if run.status != StageState.RUNNING:
                 # Cancelled, or declared lost while we worked: our outputs are not wanted.
                 log.warning("job %s stage %s: run %s is %s; outputs discarded",
                             job_id, stage.value, run_id, run.status)
-                return StageState(run.status)
+                return run.status
             run.log_text = captured.text()
             record_success(rt, session, run, module.VERSION, params, spec, inputs, result)
         return StageState.SUCCEEDED
@@ -158,8 +158,8 @@ def _carry_out(rt: Runtime, run_id: int, use_cache: bool, captured: AttemptLog) 
         log.warning("job %s stage %s: attempt %s failed: %s", job_id, stage.value, attempt, exc)
         with session_scope(rt.sessions) as session:
             run = _lock_run(session, run_id)
-            if run.status != StageState.RUNNING.value:
-                return StageState(run.status)
+            if run.status != StageState.RUNNING:
+                return run.status
             run.log_text = captured.text()
             record_failure(session, run, exc)
         return StageState.FAILED
@@ -175,8 +175,8 @@ def _claim(
         if run is None:
             raise InputError(f"stage run {run_id} does not exist")
         if run.status not in (StageState.PENDING.value, StageState.QUEUED.value):
-            return StageState(run.status)
-        stage, job = StageName(run.stage), run.job
+            return run.status
+        stage, job = run.stage, run.job
         try:
             module = load_stage(stage, rt.stage_package)
             params = module.make_params(JobSpec(job.source, job.recipe, job.params))
@@ -193,12 +193,12 @@ def _claim(
                 record_failure(session, run, exc)
                 return StageState.FAILED
             session.refresh(run)
-            return StageState(run.status)
+            return run.status
         if key is not None:
             repo.lock_cache_key(session, key)
         if not repo.claim_run(session, run_id, rt.worker_host):
             session.refresh(run)
-            return StageState(run.status)
+            return run.status
         session.refresh(run)
         if key is not None and use_cache and not run.is_forced:
             if reuse_cached(session, rt.store, run, key):
@@ -234,7 +234,7 @@ def join_shards(rt: Runtime, parent_id: int) -> fanout.JoinOutcome:
     def record(
         session: Session, parent: StageRun, inputs: Mapping[str, InputFile], result: StageResult
     ) -> None:
-        module = load_stage(StageName(parent.stage), rt.stage_package)
+        module = load_stage(parent.stage, rt.stage_package)
         job = parent.job
         params = module.make_params(JobSpec(job.source, job.recipe, job.params))
         record_success(rt, session, parent, module.VERSION, params, _spec(job), inputs, result)
@@ -249,7 +249,7 @@ def join_shards(rt: Runtime, parent_id: int) -> fanout.JoinOutcome:
         log.warning("run %s: joining its shards failed: %s", parent_id, exc)
         with session_scope(rt.sessions) as session:
             parent = _lock_run(session, parent_id)
-            if parent.status == StageState.RUNNING.value:
+            if parent.status == StageState.RUNNING:
                 record_failure(session, parent, exc)
         return fanout.JoinOutcome(parent_state=StageState.FAILED)
 
@@ -263,7 +263,7 @@ def _memory_guard(rt: Runtime, run_id: int) -> contextlib.AbstractContextManager
     def exceeded(used_bytes: int) -> None:
         with session_scope(rt.sessions) as session:
             run = _lock_run(session, run_id)
-            if run.status == StageState.RUNNING.value:
+            if run.status == StageState.RUNNING:
                 repo.set_stage_state(
                     session, run, StageState.FAILED, error_kind="retryable",
                     error_message=f"{OUT_OF_MEMORY}: the stage's process grew to {used_bytes >> 20:,} MB, "

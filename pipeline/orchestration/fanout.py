@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from pipeline.core.states import StageName, StageState
+from pipeline.core.states import LinkDirection, StageName, StageState
 from pipeline.db import repo
 from pipeline.db.models import StageRun
 from pipeline.formats.model_card import ModelCard
@@ -57,7 +57,7 @@ def shards_to_fan_out(stage: StageName, inputs: Mapping[str, InputFile]) -> list
 def spawn_children(session: Session, parent: StageRun, shards: list[str]) -> list[int]:
     """One pending child run per shard; returns their ids (the caller sends them)."""
     children = [
-        repo.new_attempt(session, parent.job, StageName(parent.stage), shard=shard, parent=parent)
+        repo.new_attempt(session, parent.job, parent.stage, shard=shard, parent=parent)
         for shard in shards
     ]
     return [child.id for child in children]
@@ -84,8 +84,8 @@ def settle_parent(session: Session, store: Any, parent_id: int, max_attempts: in
     parent = session.execute(
         select(StageRun).where(StageRun.id == parent_id).with_for_update()
     ).scalar_one()
-    if parent.status != StageState.RUNNING.value:
-        return JoinOutcome(parent_state=StageState(parent.status))
+    if parent.status != StageState.RUNNING:
+        return JoinOutcome(parent_state=parent.status)
     children = latest_children(session, parent)
     if not children or any(child.status in _ACTIVE for child in children):
         return JoinOutcome()
@@ -122,7 +122,7 @@ def _merge_into(
     reports: list[Path] = []
     for child in children:
         for link in child.links:
-            if link.direction != "out":
+            if link.direction != LinkDirection.OUT:
                 continue
             item = InputFile(link.name, store.path(link.artifact_sha256), link.artifact_sha256,
                              link.artifact.size_bytes)

@@ -211,7 +211,7 @@ def retry_job(session: Session, job_id: int, from_stage: StageName | None, force
                                                                        StageState.RUNNING.value)]
     if active:
         raise InputError(f"job {job_id} has {', '.join(active)} queued or running; cancel it or wait")
-    states = {stage: StageState(run.status) for stage, run in latest.items()}
+    states = {stage: run.status for stage, run in latest.items()}
     plan = plan_for(job.recipe, job.params)
     stages = coordinator.retry_stages(states, from_stage, plan.order, plan.inputs)
     if not stages:
@@ -228,7 +228,7 @@ def retry_job(session: Session, job_id: int, from_stage: StageName | None, force
         run.is_forced = force
         run.requested_by = requested_by
         run_ids.append(run.id)
-    if JobState(job.status) is not JobState.RUNNING:
+    if job.status is not JobState.RUNNING:
         repo.set_job_state(session, job, JobState.RUNNING)
     return run_ids
 
@@ -237,11 +237,11 @@ def cancel_job(session: Session, job_id: int, cancelled_by: str = "user") -> lis
     """Cancel the job and its unfinished attempts; returns task ids of attempts to revoke.
     The job's message names `cancelled_by`."""
     job = repo.get_job(session, job_id)
-    if JobState(job.status).is_final:
+    if job.status.is_final:
         raise InputError(f"job {job_id} is already {job.status}; nothing to cancel")
     revoke = []
     for run in job.stage_runs:
-        if not StageState(run.status).is_final:
+        if not run.status.is_final:
             if run.task_id:
                 revoke.append(run.task_id)
             repo.set_stage_state(session, run, StageState.CANCELLED)

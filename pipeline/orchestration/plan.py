@@ -30,7 +30,7 @@ Graph = Mapping[StageName, tuple[StageName, ...]]
 
 class _Attempt(Protocol):
     attempt: int
-    status: str
+    status: StageState
     metrics: Any
 
 
@@ -79,7 +79,7 @@ def plan_for(recipe: str, options: Mapping[str, Any] | None,
     defer = () if reads else (StageName.CALIBRATE,)
     plan = JobPlan(inputs, topological_order(inputs, defer), calibrate_if_lossy=not reads)
     decompose = (latest or {}).get(StageName.DECOMPOSE)
-    if not plan.calibrate_if_lossy or decompose is None or not StageState(decompose.status).is_done or (
+    if not plan.calibrate_if_lossy or decompose is None or not decompose.status.is_done or (
             "exact" not in (decompose.metrics or {})):
         return plan
     exact = decompose.metrics["exact"] is True

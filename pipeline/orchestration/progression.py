@@ -67,8 +67,8 @@ def advance_job(
     An ended job is left as it is (a stage that finishes after its job failed queues nothing).
     """
     job = _lock_job(session, job_id)
-    if JobState(job.status).is_final:
-        return Advance(final=JobState(job.status))
+    if job.status.is_final:
+        return Advance(final=job.status)
     latest = repo.latest_runs(session, job_id)
     plan = plan_for(job.recipe, job.params, latest)
     if _settle_unneeded(session, job, plan, latest):
@@ -80,7 +80,7 @@ def advance_job(
         if stage is StageName.CALIBRATE and plan.calibrate_if_lossy and plan.verdict is None:
             continue  # started early: whether its failure matters waits for decompose's verdict
         failed = latest[stage]
-        if failed.status == StageState.CANCELLED.value:
+        if failed.status == StageState.CANCELLED:
             repo.set_job_state(session, job, JobState.CANCELLED)
             return Advance(final=JobState.CANCELLED)
         if failed.error_kind != "retryable" or failed.attempt >= max_attempts:
@@ -102,7 +102,7 @@ def advance_job(
 
 
 def _states(latest: dict[StageName, StageRun]) -> dict[StageName, StageState]:
-    return {stage: StageState(run.status) for stage, run in latest.items()}
+    return {stage: run.status for stage, run in latest.items()}
 
 
 def _settle_unneeded(session: Session, job: Job, plan: JobPlan, latest: dict[StageName, StageRun]) -> bool:
@@ -119,12 +119,12 @@ def _settle_unneeded(session: Session, job: Job, plan: JobPlan, latest: dict[Sta
 
 
 def _ready(session: Session, job: Job, run: StageRun, queue: bool, delay_s: float) -> Step:
-    if JobState(job.status) is not JobState.RUNNING:
+    if job.status is not JobState.RUNNING:
         repo.set_job_state(session, job, JobState.RUNNING)
     task_id = str(uuid.uuid4()) if queue else None
     if task_id is not None:
         repo.set_stage_state(session, run, StageState.QUEUED, task_id=task_id)
-    return Step(StageName(run.stage), run.id, delay_s, task_id)
+    return Step(run.stage, run.id, delay_s, task_id)
 
 
 def _failure_reason(session: Session, job: Job, failed: StageRun) -> str:

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from pipeline.artifacts.activity import current_activity
 from pipeline.artifacts.store import ArtifactStore, put_all
 from pipeline.core.errors import error_kind
-from pipeline.core.states import StageName, StageState
+from pipeline.core.states import LinkDirection, StageName, StageState
 from pipeline.db import repo
 from pipeline.db.models import StageRun, utcnow
 from pipeline.orchestration.runtime import Runtime
@@ -42,11 +42,11 @@ def reuse_cached(session: Session, store: ArtifactStore, run: StageRun, key: str
     source = repo.find_cached_run(session, key, exclude_run_id=run.id)
     if source is None:
         return False
-    outputs = [link for link in source.links if link.direction == "out"]
+    outputs = [link for link in source.links if link.direction == LinkDirection.OUT]
     if not all(store.has(link.artifact_sha256) for link in outputs):
         return False  # the store lost bytes: recompute rather than hand out a hole
     for link in outputs:
-        repo.link_artifact(session, run, "out", link.name, link.artifact)
+        repo.link_artifact(session, run, LinkDirection.OUT, link.name, link.artifact)
     _note_revision(run, source.metrics)
     repo.set_stage_state(
         session,
@@ -98,14 +98,14 @@ def record_success(
             session, item.sha256, item.size_bytes, rt.store.uri(item.sha256), "input",
             "application/octet-stream", None,
         )
-        repo.link_artifact(session, run, "in", name, stored)
+        repo.link_artifact(session, run, LinkDirection.IN, name, stored)
     stored_files = put_all(rt.store, [(output.path, output.sha256) for output in result.outputs])
     for output, stored_file in zip(result.outputs, stored_files, strict=True):
         artifact = repo.record_artifact(
             session, stored_file.sha256, stored_file.size_bytes, stored_file.uri,
             output.kind, output.media_type, run,
         )
-        repo.link_artifact(session, run, "out", output.name, artifact)
+        repo.link_artifact(session, run, LinkDirection.OUT, output.name, artifact)
         statement = provenance.build_statement(output.name, artifact.sha256, external, input_refs, facts)
         repo.add_provenance(session, artifact, run, statement)
         if rt.signing_key is not None:

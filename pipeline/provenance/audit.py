@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from pipeline.artifacts.store import ArtifactStore
 from pipeline.core.errors import InputError, IntegrityError
-from pipeline.core.states import StageName, StageState
+from pipeline.core.states import LinkDirection, StageName, StageState
 from pipeline.db.models import Artifact, Provenance, StageRun
 from pipeline.provenance.statements import PREDICATE_TYPE, STATEMENT_TYPE
 
@@ -123,7 +123,7 @@ def job_gguf(session: Session, job_id: int) -> Artifact:
     ).all()
     for run in runs:
         for link in run.links:
-            if link.direction == "out" and link.artifact.kind == "gguf":
+            if link.direction == LinkDirection.OUT and link.artifact.kind == "gguf":
                 return link.artifact
     raise InputError(f"job {job_id} has no packaged GGUF yet (see `bonsai show {job_id}`)")
 
@@ -261,7 +261,7 @@ class _Walker:
                 f"statement mismatch: {where} is filed under {name} sha256 {sha256} but its "
                 f"subject is {', '.join(map(str, subjects)) or 'empty'}",
             )
-        outputs = {link.artifact_sha256 for link in run.links if link.direction == "out"}
+        outputs = {link.artifact_sha256 for link in run.links if link.direction == LinkDirection.OUT}
         if sha256 not in outputs:
             self.problem(
                 "output-mismatch",
@@ -282,7 +282,8 @@ class _Walker:
                 f"malformed: {where} for {name} has no readable resolvedDependencies",
             )
             return []
-        recorded = {link.name: link.artifact_sha256 for link in run.links if link.direction == "in"}
+        recorded = {link.name: link.artifact_sha256 for link in run.links
+                    if link.direction == LinkDirection.IN}
         if claimed != recorded:
             self.problem(
                 "inputs-mismatch",

@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from pipeline.core.states import JobState, StageState
+from pipeline.core.states import JobState, StageName, StageState
 from pipeline.db.models import Job, StageRun
 from pipeline.db.session import session_scope
 from pipeline.orchestration.queues import QUEUE_OF
@@ -56,7 +56,7 @@ class DatabaseCollector(Collector):
         counts = dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())
         family = GaugeMetricFamily("bonsai_jobs", "Jobs by status.", labels=["status"])
         for state in JobState:
-            family.add_metric([state.value], counts.get(state.value, 0))
+            family.add_metric([state.value], counts.get(state, 0))
         return family
 
     @staticmethod
@@ -78,7 +78,7 @@ class DatabaseCollector(Collector):
                 StageRun.started_at.is_not(None), StageRun.finished_at.is_not(None)
             )
         ).all()
-        samples: dict[tuple[str, str], list[float]] = {}
+        samples: dict[tuple[StageName, StageState], list[float]] = {}
         for stage, state, started, finished in rows:
             if started is not None and finished is not None:  # filtered in SQL; this tells the type checker
                 samples.setdefault((stage, state), []).append(max(0.0, (finished - started).total_seconds()))
@@ -95,7 +95,7 @@ class DatabaseCollector(Collector):
     def _queues(session: Session) -> Metric:
         queued = session.execute(
             select(StageRun.stage, func.count())
-            .where(StageRun.status == StageState.QUEUED.value)
+            .where(StageRun.status == StageState.QUEUED)
             .group_by(StageRun.stage)
         ).all()
         routes = queue_of()
@@ -113,7 +113,7 @@ class DatabaseCollector(Collector):
     def _failures(session: Session) -> Metric:
         rows = session.execute(
             select(StageRun.stage, StageRun.error_kind, func.count())
-            .where(StageRun.status == StageState.FAILED.value)
+            .where(StageRun.status == StageState.FAILED)
             .group_by(StageRun.stage, StageRun.error_kind)
         ).all()
         family = CounterMetricFamily(

@@ -97,7 +97,7 @@ class Dispatcher:
             if run.status not in (StageState.PENDING.value, StageState.QUEUED.value):
                 return False
             repo.set_stage_state(session, run, StageState.QUEUED, task_id=task_id)
-            stage, priority = StageName(run.stage), run.job.priority
+            stage, priority = run.stage, run.job.priority
         return self.send(stage, run_id, task_id, priority, countdown_s)
 
     def send_runs(self, run_ids: list[int]) -> None:

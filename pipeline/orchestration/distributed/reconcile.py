@@ -25,7 +25,7 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import aliased
 
 from pipeline.core.settings import Settings
-from pipeline.core.states import JobState, StageName, StageState
+from pipeline.core.states import JobState, StageState
 from pipeline.db import repo
 from pipeline.db.models import Job, StageRun, utcnow
 from pipeline.db.session import session_scope
@@ -83,7 +83,7 @@ def _mark_lost(rt: Runtime, settings: Settings, report: ReconcileReport) -> None
             select(StageRun)
             # A parent waiting on its shards does not beat: its children do, and a parent whose
             # children all finished is joined (below), never declared lost.
-            .where(StageRun.status == StageState.RUNNING.value, StageRun.heartbeat_at < cutoff,
+            .where(StageRun.status == StageState.RUNNING, StageRun.heartbeat_at < cutoff,
                    ~_children())
             .with_for_update(skip_locked=True)
         ).all()
@@ -109,7 +109,7 @@ def _join_finished_parents(rt: Runtime, settings: Settings, report: ReconcileRep
     with session_scope(rt.sessions) as session:
         parents = session.execute(
             select(StageRun.id, StageRun.job_id).where(
-                StageRun.status == StageState.RUNNING.value, _children(), ~_children(active=True)
+                StageRun.status == StageState.RUNNING, _children(), ~_children(active=True)
             )
         ).all()
     for parent_id, job_id in parents:
@@ -124,14 +124,14 @@ def _resend_orphans(rt: Runtime, settings: Settings, report: ReconcileReport) ->
         queued = session.scalars(
             select(StageRun).where(
                 or_(
-                    and_(StageRun.status == StageState.QUEUED.value, StageRun.queued_at < cutoff),
+                    and_(StageRun.status == StageState.QUEUED, StageRun.queued_at < cutoff),
                     # Shard children are sent right after they are recorded; a crash between leaves them.
-                    and_(StageRun.status == StageState.PENDING.value, StageRun.parent_run_id.is_not(None),
+                    and_(StageRun.status == StageState.PENDING, StageRun.parent_run_id.is_not(None),
                          StageRun.created_at < cutoff),
                 )
             )
         ).all()
-        candidates = [(run.id, run.task_id, StageName(run.stage), run.job.priority) for run in queued]
+        candidates = [(run.id, run.task_id, run.stage, run.job.priority) for run in queued]
     if not candidates:
         return
     view = broker_view(dispatcher)

@@ -70,7 +70,7 @@ def _record_lost_process(run_id: int, why: str) -> None:
     with session_scope(rt.sessions) as session:
         run = session.execute(select(StageRun).where(StageRun.id == run_id).with_for_update()).scalar_one()
         job_id, parent_id = run.job_id, run.parent_run_id
-        if run.status != StageState.RUNNING.value:
+        if run.status != StageState.RUNNING:
             return  # already recorded (the memory guard writes its reason before it kills)
         repo.set_stage_state(
             session, run, StageState.FAILED, error_kind="retryable",
