@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import InputError
+from pipeline.core.verdicts import Verdict
 from pipeline.formats.gguf.split import split_gguf
 from pipeline.publish.card import CardFile, render_card, summarise_gguf
 
@@ -43,7 +44,7 @@ class JobFacts:
 
     @property
     def is_validated(self) -> bool:
-        return self.validation_verdict in ("pass", "warn")
+        return self.validation_verdict in (Verdict.PASS, Verdict.WARN)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from pipeline.core.verdicts import Verdict
 from pipeline.formats.gguf.reader import GGUFFile
 
 __all__ = ["GGUFSummary", "summarise_gguf", "render_card", "CardFile"]
@@ -65,7 +66,7 @@ def summarise_gguf(path: Path) -> GGUFSummary:
 def render_card(facts: Any, summary: GGUFSummary, files: Sequence[CardFile], gguf_sha256: str,
                 provenance_sha256: str, is_forced: bool) -> str:
     """README.md text for `facts` (a JobFacts), the summary of its GGUF and the bundle's files."""
-    failed = facts.validation_verdict != "pass" and facts.validation_verdict != "warn"
+    failed = facts.validation_verdict not in (Verdict.PASS, Verdict.WARN)
     warning = (f"WARNING: validation {facts.validation_verdict.upper()}; published anyway with --force"
                if failed and is_forced else None)
     types = sorted({t for counts in summary.types_by_kind.values() for t in counts})

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.core.verdicts import Verdict
 from pipeline.formats.gguf.readback import GGUFSummary
 from pipeline.formats.gguf.reader import GGUFFile
 from pipeline.formats.gguf.types import block_geometry
@@ -65,7 +66,7 @@ def check_sparsity(path: Path, report: Mapping[str, Any] | None) -> Check:
     if n_tensors == 0 or measured is None:
         return Check(
             "sparsity",
-            "warn",
+            Verdict.WARN,
             "the file has no ternary (TQ1_0/TQ2_0) tensors; sparsity not applicable",
             numbers,
         )
@@ -75,15 +76,15 @@ def check_sparsity(path: Path, report: Mapping[str, Any] | None) -> Check:
     if measured == 0.0 or reported == 0.0:
         return Check(
             "sparsity",
-            "fail",
+            Verdict.FAIL,
             f"0% sparsity: every ternary weight is ±1, the fit collapsed ({detail})",
             numbers,
         )
     if reported is not None and abs(measured - reported) > _SPARSITY_DISAGREE:
         return Check(
-            "sparsity", "warn", f"file and report disagree by more than 5 points ({detail})", numbers
+            "sparsity", Verdict.WARN, f"file and report disagree by more than 5 points ({detail})", numbers
         )
-    return Check("sparsity", "pass", detail, numbers)
+    return Check("sparsity", Verdict.PASS, detail, numbers)
 
 
 def recipe_ternary_type(recipe: str, report: Mapping[str, Any] | None) -> str | None:
@@ -131,11 +132,12 @@ def check_bits_per_weight(
     make it a warning. Without one: compared with the recipe's ternary rate directly.
     """
     if ternary_type is None:
-        return Check("bits_per_weight", "warn", "unknown recipe: no bits-per-weight target to compare with")
+        return Check("bits_per_weight", Verdict.WARN,
+                     "unknown recipe: no bits-per-weight target to compare with")
     target = _type_bpw(ternary_type)
     bpw, n_params, n_ternary = _linear_bpw(summary.shapes, summary.tensor_types)
     if not n_params:
-        return Check("bits_per_weight", "fail", "the file has no block linear weights to measure")
+        return Check("bits_per_weight", Verdict.FAIL, "the file has no block linear weights to measure")
     fallbacks = _fallbacks(report)
     numbers: dict[str, Any] = {
         "linear_bpw": round(bpw, 4),
@@ -155,26 +157,28 @@ def check_bits_per_weight(
         expected, _, _ = _linear_bpw(summary.shapes, planned)
         numbers["decided_bpw"] = round(expected, 4)
         if abs(bpw - expected) > _BPW_PASS_REL * expected:
-            return Check("bits_per_weight", "fail", f"{detail}; decompose decided {expected:.4f}", numbers)
+            return Check("bits_per_weight", Verdict.FAIL,
+                         f"{detail}; decompose decided {expected:.4f}", numbers)
         allocation = (report or {}).get("allocation")
         if isinstance(allocation, Mapping):
             # The auto recipe has no single rate: its budget is over all 2-D weights, checked here.
             spent, target_bpw = allocation.get("spent_bpw"), allocation.get("target_bpw")
             numbers.update(recipe_bpw=target_bpw, allocation_bpw=spent)
-            verdict = "pass" if allocation.get("reachable") else "warn"
+            verdict = Verdict.PASS if allocation.get("reachable") else Verdict.WARN
             return Check("bits_per_weight", verdict, f"{detail.split(', recipe ')[0]}; "
                          "the auto allocation spends "
                          f"{spent} bpw of its target {target_bpw} over the 2-D weights; whole file "
                          f"{summary.bits_per_weight:.3f}", numbers)
         if abs(bpw - target) <= _BPW_PASS_REL * target:
-            return Check("bits_per_weight", "pass", detail, numbers)
+            return Check("bits_per_weight", Verdict.PASS, detail, numbers)
         reasons = Counter(_reason_kind(f["reason"]) for f in fallbacks)
         why = "; ".join(f"{n}× {kind}" for kind, n in reasons.most_common(3))
         return Check(
-            "bits_per_weight", "warn", f"{detail}: {numbers['n_fallbacks']} named fallbacks ({why})", numbers
+            "bits_per_weight", Verdict.WARN,
+            f"{detail}: {numbers['n_fallbacks']} named fallbacks ({why})", numbers
         )
     rel = abs(bpw - target) / target
-    verdict = "pass" if rel <= _BPW_PASS_REL else "warn" if rel <= _BPW_WARN_REL else "fail"
+    verdict = Verdict.PASS if rel <= _BPW_PASS_REL else Verdict.WARN if rel <= _BPW_WARN_REL else Verdict.FAIL
     return Check("bits_per_weight", verdict, detail, numbers)
 
 
@@ -201,17 +205,18 @@ def check_types(summary: GGUFSummary, ternary_type: str | None, report: Mapping[
         if wrong or extra:
             return Check(
                 "tensor_types",
-                "fail",
+                Verdict.FAIL,
                 f"types differ from decompose's plan: {wrong[:5]}, unplanned {extra[:5]}",
                 numbers,
             )
         return Check(
-            "tensor_types", "pass", f"all {len(planned)} tensors have the types decompose decided", numbers
+            "tensor_types", Verdict.PASS,
+            f"all {len(planned)} tensors have the types decompose decided", numbers
         )
     if ternary_type is None:
         return Check(
             "tensor_types",
-            "warn",
+            Verdict.WARN,
             "no decompose report and unknown recipe: types not checked",
             {"types": types},
         )
@@ -219,8 +224,9 @@ def check_types(summary: GGUFSummary, ternary_type: str | None, report: Mapping[
     if off:
         return Check(
             "tensor_types",
-            "warn",
+            Verdict.WARN,
             f"{len(off)} linear weights are not {ternary_type} and no report names why: {off[:5]}",
             {"types": types, "n_off": len(off)},
         )
-    return Check("tensor_types", "pass", f"every block linear weight is {ternary_type}", {"types": types})
+    return Check("tensor_types", Verdict.PASS,
+                 f"every block linear weight is {ternary_type}", {"types": types})

@@ -23,6 +23,7 @@ import numpy as np
 from pipeline.calibration.answers import AGREEMENT
 from pipeline.calibration.predictions import AgreementStats, agreement_stats
 from pipeline.core.errors import IntegrityError
+from pipeline.core.verdicts import Verdict
 from pipeline.ternary.policy import meets_quality
 
 if TYPE_CHECKING:
@@ -46,18 +47,17 @@ _MAX_TEXT_UNIT_CHARS = 16
 
 @dataclass(frozen=True)
 class Check:
-    """One judged sign: ``verdict`` is 'pass', 'warn' or 'fail'; ``numbers`` back the reason."""
+    """One judged sign, its `Verdict`; ``numbers`` back the reason."""
 
     name: str
-    verdict: str
+    verdict: Verdict
     reason: str
     numbers: dict[str, Any] | None = None
 
 
-def verdict_of(checks: list[Check]) -> str:
-    """The worst verdict among the checks ('pass' when there are none)."""
-    verdicts = {c.verdict for c in checks}
-    return "fail" if "fail" in verdicts else "warn" if "warn" in verdicts else "pass"
+def verdict_of(checks: list[Check]) -> Verdict:
+    """The worst verdict among the checks (pass when there are none)."""
+    return Verdict.worst(c.verdict for c in checks)
 
 
 def _token_loop(tokens: list[int]) -> str | None:
@@ -148,7 +148,7 @@ def answer_check(
     }
     # The first number must be the answer: "12" or "3, 2" contain "2" but are wrong.
     if found == expected:
-        return Check(name, "pass", f"{numbers['prompt']!r} -> {text!r} answers {expected!r}", numbers)
+        return Check(name, Verdict.PASS, f"{numbers['prompt']!r} -> {text!r} answers {expected!r}", numbers)
     blame = (
         f"; the source answers {source_found!r}, so the conversion lost it"
         if source_found == expected
@@ -158,7 +158,7 @@ def answer_check(
     )
     return Check(
         name,
-        "warn",
+        Verdict.WARN,
         f"{numbers['prompt']!r} -> {text!r}: first number {found!r}, expected {expected!r}{blame}",
         numbers,
     )
@@ -177,11 +177,12 @@ def source_answer_check(source: ProbeResult | None, params: Params) -> Check | N
     }
     if found == params.expected:
         return Check(
-            "source_answer", "pass", f"the source answers: {out['prompt']!r} -> {out['text']!r}", numbers
+            "source_answer", Verdict.PASS,
+            f"the source answers: {out['prompt']!r} -> {out['text']!r}", numbers
         )
     return Check(
         "source_answer",
-        "warn",
+        Verdict.WARN,
         f"the source itself does not answer {params.expected!r}: "
         f"{out['prompt']!r} -> {out['text']!r}; the answer checks say little about the conversion",
         numbers,
@@ -211,7 +212,7 @@ def repetition_check(candidate: ProbeResult, source: ProbeResult | None) -> Chec
     loops = {kind: repetition_of(list(out["tokens"]), out["text"]) for kind, out in outputs.items()}
     loops = {kind: why for kind, why in loops.items() if why}
     if not loops:
-        return Check("repetition", "pass", "no degenerate loop in the generated tokens", {"loops": {}})
+        return Check("repetition", Verdict.PASS, "no degenerate loop in the generated tokens", {"loops": {}})
     source_outputs = _outputs(source) if source is not None else {}
     source_loops = {
         kind: repetition_of(list(out["tokens"]), out["text"]) for kind, out in source_outputs.items()
@@ -221,13 +222,13 @@ def repetition_check(candidate: ProbeResult, source: ProbeResult | None) -> Chec
                "same_as_source": same}
     listed = "; ".join(f"{kind}: {why}" for kind, why in loops.items())
     if source is None:
-        return Check("repetition", "warn", f"{listed} (no source run to compare with)", numbers)
+        return Check("repetition", Verdict.WARN, f"{listed} (no source run to compare with)", numbers)
     introduced = [kind for kind in loops if not source_loops.get(kind) and kind not in same
                   and kind in source_outputs]
     if introduced:
         return Check(
             "repetition",
-            "fail",
+            Verdict.FAIL,
             f"{listed}; on the same prompt the source does not loop ({', '.join(introduced)}), so the "
             "conversion broke it",
             numbers,
@@ -235,14 +236,14 @@ def repetition_check(candidate: ProbeResult, source: ProbeResult | None) -> Chec
     why_not = {kind: "the source generates the very same tokens" if kind in same
                else "the source did not run it" if kind not in source_outputs
                else "the source loops too" for kind in loops}
-    return Check("repetition", "warn", f"{listed}; on the same prompt "
+    return Check("repetition", Verdict.WARN, f"{listed}; on the same prompt "
                  + "; ".join(f"{kind}: {reason}" for kind, reason in why_not.items())
                  + ", so the conversion is not to blame", numbers)
 
 
 def exact_agreement() -> Check:
     """Agreement for a file decompose proved bit-exact: nothing to measure, the weights are the source's."""
-    return Check("agreement", "pass",
+    return Check("agreement", Verdict.PASS,
                  "not measured: weights bit-exact (decompose decoded every tensor it wrote back to the "
                  "source's values; its report.json is the proof), so the file computes what the source does",
                  {"measured": False, "exact": True})
@@ -262,13 +263,13 @@ def agreement_check(
     noise the draws leave (`calibration.agreement`).
     """
     if source is None or reference is None:
-        return Check("agreement", "warn", f"agreement with the source not measured: {source_why}")
+        return Check("agreement", Verdict.WARN, f"agreement with the source not measured: {source_why}")
     if not params.probe.agreement_text:
-        return Check("agreement", "warn", "agreement not measured: the agreement text option is empty")
+        return Check("agreement", Verdict.WARN, "agreement not measured: the agreement text option is empty")
     if candidate.n_vocab != source.n_vocab:
         return Check(
             "agreement",
-            "fail",
+            Verdict.FAIL,
             f"vocabularies differ: source {source.n_vocab} tokens, converted {candidate.n_vocab}",
             {"n_vocab": [source.n_vocab, candidate.n_vocab]},
         )
@@ -280,7 +281,7 @@ def agreement_check(
         )
         return Check(
             "agreement",
-            "fail",
+            Verdict.FAIL,
             f"the tokenizers disagree on the agreement text: source "
             f"{len(ids_src)} tokens, converted {len(ids_cand)}, first difference at token {first}",
         )
@@ -304,7 +305,7 @@ def agreement_check(
         # Scale-free floor: a near-uniform source (random weights) makes any absolute KL look small.
         return Check(
             "agreement",
-            "fail",
+            Verdict.FAIL,
             f"{detail}: no closer to the source than a model that knows "
             "nothing; the converted model no longer predicts like its source",
             numbers,
@@ -312,7 +313,7 @@ def agreement_check(
     if stats.top1_agreement < params.agreement_fail_top1 or stats.mean_kl > params.agreement_fail_kl:
         return Check(
             "agreement",
-            "fail",
+            Verdict.FAIL,
             f"{detail}: below the floor (top-1 >= "
             f"{params.agreement_fail_top1:.0%} and KL <= {params.agreement_fail_kl:g}); the converted "
             "model no longer predicts like its source",
@@ -321,12 +322,12 @@ def agreement_check(
     if stats.top1_agreement < params.agreement_pass_top1 or stats.mean_kl > params.agreement_pass_kl:
         return Check(
             "agreement",
-            "warn",
+            Verdict.WARN,
             f"{detail}: short of a pass (top-1 >= {params.agreement_pass_top1:.0%} "
             f"and KL <= {params.agreement_pass_kl:g})",
             numbers,
         )
-    return Check("agreement", "pass", detail, numbers)
+    return Check("agreement", Verdict.PASS, detail, numbers)
 
 
 def quality_target_check(agreement: Check, report: Mapping[str, Any] | None) -> Check | None:
@@ -341,7 +342,8 @@ def quality_target_check(agreement: Check, report: Mapping[str, Any] | None) -> 
     numbers = agreement.numbers or {}
     top1, kl = numbers.get("top1_agreement"), numbers.get("mean_kl")
     if top1 is None or kl is None:
-        return Check("quality_target", "fail", f"the job asks for {wanted}, but agreement with the source "
+        return Check("quality_target", Verdict.FAIL,
+                     f"the job asks for {wanted}, but agreement with the source "
                      f"was not measured: {agreement.reason}")
     chosen = searched["trials"][searched["chosen"]]
     met = meets_quality(min_top1, max_kl, top1, kl)
@@ -351,6 +353,7 @@ def quality_target_check(agreement: Check, report: Mapping[str, Any] | None) -> 
     figures = {"min_top1": min_top1, "max_kl": max_kl, "top1_agreement": top1, "mean_kl": kl,
                "search_top1": chosen["top1"], "search_kl": chosen["mean_kl"]}
     if met:
-        return Check("quality_target", "pass", detail, figures)
-    return Check("quality_target", "fail", f"{detail}; not met: loosen the target, raise target_bpw, or give "
+        return Check("quality_target", Verdict.PASS, detail, figures)
+    return Check("quality_target", Verdict.FAIL,
+                 f"{detail}; not met: loosen the target, raise target_bpw, or give "
                  "a calibration text (--calibration FILE) closer to what the model will read", figures)

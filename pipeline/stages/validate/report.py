@@ -15,6 +15,7 @@ from typing import Any
 from pipeline.calibration.probe import ProbeResult
 from pipeline.core.errors import IntegrityError
 from pipeline.core.files import write_json
+from pipeline.core.verdicts import Verdict
 from pipeline.formats.jsonfile import load_json
 from pipeline.stages.base import InputFile
 from pipeline.stages.validate.judge import Check, first_answer, verdict_of
@@ -96,11 +97,13 @@ class ValidationReport:
     @property
     def failed(self) -> list[str]:
         """``"name: reason"`` of every failed check."""
-        return [f"{name}: {self.details[name]['reason']}" for name, v in self.checks.items() if v == "fail"]
+        return [f"{name}: {self.details[name]['reason']}"
+                for name, v in self.checks.items() if v == Verdict.FAIL]
 
     @property
     def warned(self) -> list[str]:
-        return [f"{name}: {self.details[name]['reason']}" for name, v in self.checks.items() if v == "warn"]
+        return [f"{name}: {self.details[name]['reason']}"
+                for name, v in self.checks.items() if v == Verdict.WARN]
 
     def to_dict(self) -> dict[str, Any]:
         document = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}

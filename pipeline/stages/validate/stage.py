@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.calibration.probe import ProbeProcess, ProbeRequest, ProbeResult
 from pipeline.core.errors import InputError, IntegrityError
+from pipeline.core.verdicts import Verdict
 from pipeline.formats.jsonfile import load_json
 from pipeline.stages.base import InputFile, OutputFile, StageResult
 from pipeline.stages.validate import file_checks
@@ -192,7 +193,7 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
         try:
             summary = inspect_gguf(item.path)
         except IntegrityError as exc:
-            checks.append(Check("loads", "fail", f"the file's GGUF structure is broken: {exc}"))
+            checks.append(Check("loads", Verdict.FAIL, f"the file's GGUF structure is broken: {exc}"))
         if summary is not None:
             request = params.probe.request(item.path, params.n_threads)
             if _is_exact_alone(inputs, decompose_report):
@@ -200,12 +201,12 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
             candidate, why = child.run(request, params.probe.timeout_s)
     if summary is not None:
         if candidate is None:
-            checks.append(Check("loads", "fail", why))
+            checks.append(Check("loads", Verdict.FAIL, why))
         else:
             checks.append(
                 Check(
                     "loads",
-                    "pass",
+                    Verdict.PASS,
                     f"loaded in {candidate.load_s:.2f} s on {candidate.backend['device']}",
                     {"load_s": candidate.load_s},
                 )
