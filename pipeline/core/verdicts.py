@@ -15,10 +15,6 @@ class Verdict(StrEnum):
     WARN = "warn"
     FAIL = "fail"
 
-    @property
-    def usable(self) -> bool:
-        return self is not Verdict.FAIL
-
     @classmethod
     def worst(cls, verdicts: Iterable[str]) -> Verdict:
         """The worst of ``verdicts`` (pass when there are none)."""
