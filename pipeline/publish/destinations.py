@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.core.confinement import confinement_roots, is_inside, placed
 from pipeline.core.errors import InputError
 from pipeline.core.text import first_unprintable
 
@@ -30,14 +31,13 @@ class PublishPolicy:
 
     @classmethod
     def from_settings(cls, roots: Iterable[str], buckets: Iterable[str]) -> PublishPolicy:
-        given = [Path(os.path.abspath(os.path.expanduser(r))) for r in roots if r.strip()]
         places = []
         for url in buckets:
             bucket, _, prefix = url.removeprefix("s3://").partition("/")
             if not url.startswith("s3://") or not bucket:
                 raise InputError(f"BONSAI_PUBLISH_BUCKETS entry {url!r} is not s3://bucket[/prefix]")
             places.append((bucket, prefix.strip("/")))
-        return cls(tuple(dict.fromkeys([*given, *(r.resolve() for r in given)])), tuple(places))
+        return cls(confinement_roots(roots), tuple(places))
 
     def check(self, dest: str) -> str:
         """``dest`` as it will be written to (a folder's absolute path, or the s3:// URL);
@@ -50,7 +50,7 @@ class PublishPolicy:
                              "characters")
         if dest.startswith("s3://"):
             return self._bucket(dest)
-        lexical = Path(os.path.abspath(os.path.expanduser(dest)))
+        lexical = placed(dest)
         try:
             leads_to = _existing_parent(lexical).resolve()
         except (OSError, RuntimeError):  # a symlink loop
@@ -72,7 +72,7 @@ class PublishPolicy:
         raise self._outside(dest)
 
     def _inside(self, path: Path) -> bool:
-        return any(path.is_relative_to(root) for root in self.roots)
+        return is_inside(path, self.roots)
 
     def _outside(self, dest: str) -> InputError:
         places = [str(r) for r in self.roots] + [f"s3://{b}/{p}".rstrip("/") for b, p in self.buckets]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from pipeline.clients.hub_refs import repo_id_fault, revision_fault
+from pipeline.core.confinement import confinement_roots, is_inside, placed
 from pipeline.core.errors import InputError
 from pipeline.core.text import escape_unprintable, first_unprintable
 
@@ -173,9 +174,7 @@ class SourcePolicy:
 
     @classmethod
     def from_roots(cls, roots: Iterable[str | Path], *, allow_any_local: bool) -> SourcePolicy:
-        given = [Path(os.path.abspath(os.path.expanduser(str(r)))) for r in roots if str(r).strip()]
-        # Each root as written (paths are placed lexically first) and resolved (where they lead).
-        both = tuple(dict.fromkeys([*given, *(root.resolve() for root in given)]))
+        both = confinement_roots(roots)
         return cls(both, allow_any_local and not both)
 
     def check(self, source: str) -> SourceSpec:
@@ -191,7 +190,7 @@ class SourcePolicy:
         spec = _checked_text(source)
         if spec.startswith(_HUB_PREFIX):
             return _parse_hub_id(spec[len(_HUB_PREFIX):], spec)
-        lexical = Path(os.path.abspath(os.path.expanduser(spec)))
+        lexical = placed(spec)
         if self._inside(lexical):
             try:
                 resolved = lexical.resolve(strict=True)
@@ -218,7 +217,7 @@ class SourcePolicy:
             raise self._outside(spec) from None
 
     def _inside(self, path: Path) -> bool:
-        return any(path.is_relative_to(root) for root in self.roots)
+        return is_inside(path, self.roots)
 
     def _allowed(self) -> str:
         return ", ".join(str(root) for root in self.roots)
