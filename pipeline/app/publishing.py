@@ -30,7 +30,7 @@ def job_facts(session: Session, store: ArtifactStore, job_id: int) -> tuple[JobF
     gguf = job_gguf(session, job_id)
     validate = repo.latest_runs(session, job_id).get(StageName.VALIDATE)
     metrics = dict(validate.metrics or {}) if validate is not None else {}
-    finished = (StageState.SUCCEEDED.value, StageState.SKIPPED_CACHED.value, StageState.FAILED.value)
+    finished = (StageState.SUCCEEDED, StageState.SKIPPED_CACHED, StageState.FAILED)
     if validate is None or validate.status not in finished:
         verdict = "missing"
     elif validate.status == StageState.FAILED:

@@ -27,7 +27,7 @@ from pipeline.orchestration.runtime import Runtime
 
 __all__ = ["JobLine", "Snapshot", "take_snapshot", "watch_status"]
 
-_WAITING = (StageState.PENDING.value, StageState.QUEUED.value)
+_WAITING = (StageState.PENDING, StageState.QUEUED)
 
 
 @dataclass(frozen=True)

@@ -251,9 +251,9 @@ def claim_run(session: Session, run_id: int, worker_host: str) -> bool:
         update(StageRun)
         .where(
             StageRun.id == run_id,
-            StageRun.status.in_((StageState.PENDING.value, StageState.QUEUED.value)),
+            StageRun.status.in_((StageState.PENDING, StageState.QUEUED)),
         )
-        .values(status=StageState.RUNNING.value, worker_host=worker_host, started_at=now, heartbeat_at=now)
+        .values(status=StageState.RUNNING, worker_host=worker_host, started_at=now, heartbeat_at=now)
         .execution_options(synchronize_session=False)
     )
     session.flush()

@@ -95,7 +95,7 @@ def _ternary_type(rt: Runtime, job_id: int) -> str | None:
 def _not_needed(session: Any, job_id: int) -> dict[int, StageName]:
     query = select(StageRun.id, StageRun.stage).where(
         StageRun.job_id == job_id, StageRun.status == StageState.NOT_NEEDED)
-    return {run_id: StageName(stage) for run_id, stage in session.execute(query)}
+    return {run_id: stage for run_id, stage in session.execute(query)}
 
 
 def run_job(rt: Runtime, job_id: int, on_event: Callable[[StageEvent], None] | None = None) -> JobState:

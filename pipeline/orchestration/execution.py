@@ -174,7 +174,7 @@ def _claim(
         run = session.get(StageRun, run_id)
         if run is None:
             raise InputError(f"stage run {run_id} does not exist")
-        if run.status not in (StageState.PENDING.value, StageState.QUEUED.value):
+        if run.status not in (StageState.PENDING, StageState.QUEUED):
             return run.status
         stage, job = run.stage, run.job
         try:
@@ -208,7 +208,7 @@ def _claim(
             if repo.running_with_key(session, key, run_id, fresh_after):
                 # Same work is under way elsewhere (two jobs, one checkpoint): wait for its result.
                 session.rollback()
-                return StageState(session.get_one(StageRun, run_id).status)
+                return session.get_one(StageRun, run_id).status
         run.cache_key = key
         if not run.shard and rt.fanout_dispatch is not None:
             shards = fanout.shards_to_fan_out(stage, inputs)

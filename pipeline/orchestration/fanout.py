@@ -34,7 +34,7 @@ __all__ = [
 
 # Stages whose Params take `shards`, and so can run one shard per worker.
 FANOUT_STAGES = frozenset({StageName.DECOMPOSE})
-_ACTIVE = (StageState.PENDING.value, StageState.QUEUED.value, StageState.RUNNING.value)
+_ACTIVE = (StageState.PENDING, StageState.QUEUED, StageState.RUNNING)
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def settle_parent(session: Session, store: Any, parent_id: int, max_attempts: in
         return JoinOutcome()
     retry, fatal, is_retried_elsewhere = [], None, False
     for child in children:
-        if child.status in (StageState.SUCCEEDED.value, StageState.SKIPPED_CACHED.value):
+        if child.status in (StageState.SUCCEEDED, StageState.SKIPPED_CACHED):
             continue
         if child.error_kind == "retryable" and child.attempt < max_attempts:
             again = repo.retry_attempt(session, child)

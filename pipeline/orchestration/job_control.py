@@ -14,7 +14,7 @@ import yaml
 from sqlalchemy.orm import Session
 
 from pipeline.core.errors import InputError
-from pipeline.core.states import STAGE_ORDER, JobState, StageName, StageState, upstream_of
+from pipeline.core.states import DONE_STATES, STAGE_ORDER, JobState, StageName, StageState, upstream_of
 from pipeline.db import repo
 from pipeline.orchestration import coordinator
 from pipeline.orchestration.plan import plan_for
@@ -207,8 +207,7 @@ def retry_job(session: Session, job_id: int, from_stage: StageName | None, force
     """
     job = repo.get_job(session, job_id)
     latest = repo.latest_runs(session, job_id)
-    active = [s.value for s, run in latest.items() if run.status in (StageState.QUEUED.value,
-                                                                       StageState.RUNNING.value)]
+    active = [s.value for s, run in latest.items() if run.status in (StageState.QUEUED, StageState.RUNNING)]
     if active:
         raise InputError(f"job {job_id} has {', '.join(active)} queued or running; cancel it or wait")
     states = {stage: run.status for stage, run in latest.items()}
@@ -218,7 +217,7 @@ def retry_job(session: Session, job_id: int, from_stage: StageName | None, force
         raise InputError(f"job {job_id} has nothing to retry: every stage succeeded (use --from STAGE)")
     first = stages[0]
     upstream_missing = [s.value for s in upstream_of(first, plan.inputs)
-                        if not (states.get(s) is not None and states[s].is_done)]
+                        if states.get(s) not in DONE_STATES]
     if upstream_missing:
         raise InputError(f"job {job_id}: cannot retry from {first.value} before "
                          f"{', '.join(upstream_missing)} succeeded; retry from {upstream_missing[0]}")

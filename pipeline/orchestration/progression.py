@@ -110,8 +110,7 @@ def _settle_unneeded(session: Session, job: Job, plan: JobPlan, latest: dict[Sta
     already runs (its result is kept for later jobs; the job does not wait for it). True if recorded."""
     reason = calibrate_not_needed(plan)
     run = latest.get(StageName.CALIBRATE)
-    if reason is None or (run is not None and run.status not in (StageState.PENDING.value,
-                                                                  StageState.QUEUED.value)):
+    if reason is None or (run is not None and run.status not in (StageState.PENDING, StageState.QUEUED)):
         return False
     run = run if run is not None else repo.new_attempt(session, job, StageName.CALIBRATE)
     repo.set_stage_state(session, run, StageState.NOT_NEEDED, metrics={"not_needed": reason})

@@ -117,7 +117,7 @@ def job_gguf(session: Session, job_id: int) -> Artifact:
         .where(
             StageRun.job_id == job_id,
             StageRun.stage == StageName.PACKAGE.value,
-            StageRun.status.in_((StageState.SUCCEEDED.value, StageState.SKIPPED_CACHED.value)),
+            StageRun.status.in_((StageState.SUCCEEDED, StageState.SKIPPED_CACHED)),
         )
         .order_by(StageRun.attempt.desc())
     ).all()

@@ -94,7 +94,7 @@ class Dispatcher:
         task_id = str(uuid.uuid4())
         with session_scope(self.sessions) as session:
             run = session.get_one(StageRun, run_id)
-            if run.status not in (StageState.PENDING.value, StageState.QUEUED.value):
+            if run.status not in (StageState.PENDING, StageState.QUEUED):
                 return False
             repo.set_stage_state(session, run, StageState.QUEUED, task_id=task_id)
             stage, priority = run.stage, run.job.priority

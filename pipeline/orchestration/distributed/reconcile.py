@@ -61,7 +61,7 @@ def broker_view(dispatcher: Dispatcher) -> BrokerView | None:
         return None
 
 
-_ACTIVE = (StageState.PENDING.value, StageState.QUEUED.value, StageState.RUNNING.value)
+_ACTIVE = (StageState.PENDING, StageState.QUEUED, StageState.RUNNING)
 
 
 def _children(active: bool | None = None) -> Any:
@@ -148,12 +148,12 @@ def _resend_orphans(rt: Runtime, settings: Settings, report: ReconcileReport) ->
 
 
 def _advance_idle_jobs(rt: Runtime, report: ReconcileReport) -> None:
-    active = (StageState.QUEUED.value, StageState.RUNNING.value)
+    active = (StageState.QUEUED, StageState.RUNNING)
     with session_scope(rt.sessions) as session:
         busy = select(StageRun.job_id).where(StageRun.status.in_(active))
         idle = session.scalars(
             select(Job.id).where(
-                Job.status.in_((JobState.PENDING.value, JobState.RUNNING.value)), Job.id.not_in(busy)
+                Job.status.in_((JobState.PENDING, JobState.RUNNING)), Job.id.not_in(busy)
             )
         ).all()
     for job_id in idle:
