@@ -14,7 +14,7 @@ Example::
 
     ref = read_reference(inputs["calibrate/reference.npz"].path)
     answers = SourceAnswers.from_info(ref.info)
-    answers.probe.completions[0]["text"]
+    answers.probe.completions[0].text
 """
 
 from __future__ import annotations

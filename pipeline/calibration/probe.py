@@ -31,6 +31,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,8 @@ from pipeline.core.errors import InputError, IntegrityError
 from pipeline.core.option_fields import read_fields
 from pipeline.formats.jsonfile import load_json
 
-__all__ = ["ProbeSpec", "ProbeRequest", "ProbeResult", "ProbeProcess", "run_probe", "DEFAULT_AGREEMENT_TEXT"]
+__all__ = ["ProbeSpec", "ProbeRequest", "ProbeResult", "Generation", "Completion", "ChatReply", "TextRun",
+           "Backend", "ProbeProcess", "run_probe", "DEFAULT_AGREEMENT_TEXT"]
 
 # A few plain sentences: common words, no numbers or names a small model could not know.
 DEFAULT_AGREEMENT_TEXT = (
@@ -113,21 +115,64 @@ class ProbeRequest:
 
 
 @dataclass(frozen=True)
+class Generation:
+    """What the model generated for one prompt: the text and its token ids."""
+
+    prompt: str
+    text: str
+    tokens: tuple[int, ...]
+    gen_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Completion(Generation):
+    """A raw prompt's greedy completion (``1+1=``)."""
+
+    prompt_tokens: int = 0
+    tokens_per_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ChatReply(Generation):
+    """The reply through the model's chat template. ``tokens_source``: 'sampled' (the ids the model
+    chose) or 'retokenized' (the reply's text tokenized again, when the ids were not returned)."""
+
+    tokens_source: str = "sampled"
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class TextRun:
+    """The agreement text's evaluation: its token ids (the logits went to ``logits_path``)."""
+
+    tokens: tuple[int, ...]
+    is_truncated: bool
+    eval_s: float
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Where llama.cpp ran: the binding's version, GPU offload, and ggml's system line."""
+
+    device: str
+    llama_cpp_python: str = ""
+    supports_gpu_offload: bool = False
+    n_gpu_layers: int = 0
+    system_info: str = ""
+
+
+@dataclass(frozen=True)
 class ProbeResult:
     """What llama.cpp did with one file: load time, vocabulary size, completions, chat, the text's
-    tokens, the backend; ``logits_path``: where the text's logits (``.npy``) were left, if any.
-
-    Each completion is ``{"prompt", "text", "tokens", "prompt_tokens", "gen_s", "tokens_per_s"}``;
-    ``tokens`` are the generated token ids (the chat's too: ``tokens_source`` 'sampled').
-    """
+    tokens, the backend; ``logits_path``: where the text's logits (``.npy``) were left, if any."""
 
     load_s: float
     n_vocab: int
     has_chat_template: bool
-    completions: tuple[dict[str, Any], ...]
-    chat: dict[str, Any] | None
-    text: dict[str, Any] | None
-    backend: dict[str, Any]
+    completions: tuple[Completion, ...]
+    chat: ChatReply | None
+    text: TextRun | None
+    backend: Backend
     logits_path: str | None = None
 
     def write(self, path: Path) -> None:
@@ -136,24 +181,13 @@ class ProbeResult:
 
     def to_document(self) -> dict[str, Any]:
         """The result as plain JSON values (what `write` writes and `from_document` reads)."""
-        document = asdict(self)
-        document["completions"] = list(self.completions)
-        return document
+        return asdict(self)
 
     @classmethod
     def from_document(cls, document: Mapping[str, Any]) -> ProbeResult:
-        """The one reader of a probe result's document; KeyError, TypeError or ValueError when it is
-        malformed (callers name the file)."""
-        return cls(
-            load_s=float(document["load_s"]),
-            n_vocab=int(document["n_vocab"]),
-            has_chat_template=bool(document["has_chat_template"]),
-            completions=tuple(dict(c) for c in document["completions"]),
-            chat=dict(document["chat"]) if document.get("chat") else None,
-            text=dict(document["text"]) if document.get("text") else None,
-            backend=dict(document["backend"]),
-            logits_path=document.get("logits_path"),
-        )
+        """The one reader of a probe result's document; ValueError (pydantic's ValidationError)
+        when it is malformed (callers name the file)."""
+        return _result_adapter().validate_python(document)  # type: ignore[no-any-return]
 
     @classmethod
     def load(cls, path: Path, label: str) -> ProbeResult:
@@ -161,8 +195,23 @@ class ProbeResult:
         document = load_json(path, f"{label} probe result", max_bytes=_MAX_RESULT_BYTES, error=IntegrityError)
         try:
             return cls.from_document(document)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise IntegrityError(f"{label} probe result is malformed ({exc!r})") from exc
+        except ValueError as exc:
+            raise IntegrityError(f"{label} probe result is malformed ({_first_error(exc)})") from None
+
+
+@cache
+def _result_adapter() -> Any:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(ProbeResult)
+
+
+def _first_error(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors) and errors():
+        first = errors()[0]
+        return f"{'.'.join(map(str, first['loc'])) or 'the document'}: {first['msg']}"
+    return str(exc)
 
 
 def _without_traceback(stderr: str) -> str:

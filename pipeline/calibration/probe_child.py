@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.calibration.probe import ProbeResult
+from pipeline.calibration.probe import Backend, ChatReply, Completion, ProbeResult, TextRun
 
 __all__ = ["main"]
 
@@ -25,7 +25,7 @@ _MAX_LOG_LINE_CHARS = 400
 _LOG_WARN, _LOG_ERROR, _LOG_CONT = 3, 4, 5
 
 
-def _greedy(model: Any, prompt: str, max_tokens: int) -> dict[str, Any]:
+def _greedy(model: Any, prompt: str, max_tokens: int) -> Completion:
     prompt_ids = model.tokenize(prompt.encode("utf-8"), add_bos=True, special=False)
     generated: list[int] = []
     started = time.perf_counter()
@@ -37,17 +37,17 @@ def _greedy(model: Any, prompt: str, max_tokens: int) -> dict[str, Any]:
         if len(generated) >= max_tokens:
             break
     gen_s = time.perf_counter() - started
-    return {
-        "prompt": prompt,
-        "text": model.detokenize(generated).decode("utf-8", errors="replace"),
-        "tokens": generated,
-        "prompt_tokens": len(prompt_ids),
-        "gen_s": round(gen_s, 4),
-        "tokens_per_s": round(len(generated) / gen_s, 2) if gen_s > 0 and generated else None,
-    }
+    return Completion(
+        prompt=prompt,
+        text=model.detokenize(generated).decode("utf-8", errors="replace"),
+        tokens=tuple(generated),
+        prompt_tokens=len(prompt_ids),
+        gen_s=round(gen_s, 4),
+        tokens_per_s=round(len(generated) / gen_s, 2) if gen_s > 0 and generated else None,
+    )
 
 
-def _chat(model: Any, prompt: str, max_tokens: int, seed: int) -> dict[str, Any]:
+def _chat(model: Any, prompt: str, max_tokens: int, seed: int) -> ChatReply:
     import numpy as np
 
     # The chat API returns text only. Greedy sampling takes the arg-max of the logits, and a logits
@@ -78,17 +78,17 @@ def _chat(model: Any, prompt: str, max_tokens: int, seed: int) -> dict[str, Any]
     is_sampled = bool(tokens) and len(sampled) >= n_generated
     if not is_sampled:
         tokens = model.tokenize(text.encode("utf-8"), add_bos=False, special=False)
-    return {
-        "prompt": prompt,
-        "text": text,
-        "tokens": tokens,
-        "tokens_source": "sampled" if is_sampled else "retokenized",
-        "finish_reason": reply["choices"][0].get("finish_reason"),
-        "gen_s": round(time.perf_counter() - started, 4),
-    }
+    return ChatReply(
+        prompt=prompt,
+        text=text,
+        tokens=tuple(int(t) for t in tokens),
+        tokens_source="sampled" if is_sampled else "retokenized",
+        finish_reason=reply["choices"][0].get("finish_reason"),
+        gen_s=round(time.perf_counter() - started, 4),
+    )
 
 
-def _text_logits(model: Any, text: str, n_ctx: int, logits_path: str) -> dict[str, Any]:
+def _text_logits(model: Any, text: str, n_ctx: int, logits_path: str) -> TextRun:
     import numpy as np
 
     tokens = model.tokenize(text.encode("utf-8"), add_bos=True, special=False)
@@ -98,18 +98,19 @@ def _text_logits(model: Any, text: str, n_ctx: int, logits_path: str) -> dict[st
     model.reset()
     model.eval(tokens)
     np.save(logits_path, np.asarray(model.scores[: len(tokens)], dtype=np.float32))
-    return {"tokens": tokens, "is_truncated": is_truncated, "eval_s": round(time.perf_counter() - started, 4)}
+    return TextRun(tokens=tuple(int(t) for t in tokens), is_truncated=is_truncated,
+                   eval_s=round(time.perf_counter() - started, 4))
 
 
-def _backend(llama_cpp: Any, n_gpu_layers: int) -> dict[str, Any]:
+def _backend(llama_cpp: Any, n_gpu_layers: int) -> Backend:
     offload = bool(llama_cpp.llama_supports_gpu_offload())
-    return {
-        "llama_cpp_python": llama_cpp.__version__,
-        "supports_gpu_offload": offload,
-        "n_gpu_layers": n_gpu_layers,
-        "device": "gpu" if offload and n_gpu_layers != 0 else "cpu",
-        "system_info": llama_cpp.llama_print_system_info().decode("utf-8", errors="replace").strip(),
-    }
+    return Backend(
+        llama_cpp_python=llama_cpp.__version__,
+        supports_gpu_offload=offload,
+        n_gpu_layers=n_gpu_layers,
+        device="gpu" if offload and n_gpu_layers != 0 else "cpu",
+        system_info=llama_cpp.llama_print_system_info().decode("utf-8", errors="replace").strip(),
+    )
 
 
 def _probe(request: dict[str, Any], logits_path: str) -> ProbeResult:

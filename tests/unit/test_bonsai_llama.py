@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from pipeline.core.files import sha256_file
 from pipeline.demo import write_demo_checkpoint
+from pipeline.formats.decompose_report import DecomposeReport
 from pipeline.formats.gguf.keys import General
 from pipeline.formats.gguf.readback import inspect_gguf
 from pipeline.formats.gguf.reader import GGUFFile
@@ -177,7 +178,7 @@ def test_packed_model_logits_match_torch_on_its_decoded_weights(
     assert packaged.metrics["types"][ggml_name] == 14
     assert packaged.metrics["file_type"] == BONSAI_TYPES[ggml_name].file_type_name
     assert GGUFFile(path).get_field(General.FILE_TYPE).contents() == BONSAI_TYPES[ggml_name].file_type_id
-    report = json.loads((path.parents[1] / "decompose" / "report.json").read_text())
+    report = DecomposeReport.load(path.parents[1] / "decompose" / "report.json")
     summary = inspect_gguf(path)
     assert file_checks.check_types(summary, ggml_name, report).verdict == "pass"
     assert file_checks.check_bits_per_weight(summary, ggml_name, report).verdict == "pass"

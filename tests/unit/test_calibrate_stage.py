@@ -123,14 +123,15 @@ def test_default_calibration_is_the_source_reference_only(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["reference.npz"]  # the 16-bit source is gone
     ref = read_reference(tmp_path / "reference.npz")
     answers = SourceAnswers.from_info(ref.info)
-    assert answers.kind == "hf-16bit" and answers.probe.completions[0]["prompt"] == "1+1="
+    assert answers.kind == "hf-16bit" and answers.probe.completions[0].prompt == "1+1="
     # Made for exactly the request validate will send.
     from pipeline.stages.validate.params import make_params as validate_params
 
     request = validate_params(JobSpec("demo")).probe.request(Path("any.gguf"), 1)
     assert answers.request == request_key(request)
     assert ref.sequences.names == ("agreement",)
-    assert list(ref.sequences.ids[0]) == answers.probe.text["tokens"]  # type: ignore[index]
+    assert answers.probe.text is not None
+    assert list(ref.sequences.ids[0]) == list(answers.probe.text.tokens)
     assert ref.topk_ids.shape == (len(ref.sequences.ids[0]) - 1, 64)
     assert result.metrics["source_kind"] == "hf-16bit" and result.metrics["reference_positions"] > 10
 

@@ -7,13 +7,20 @@ from typing import Any
 
 from PIL import Image
 
+from pipeline.formats.decompose_report import (
+    AllocationSummary,
+    DecomposeReport,
+    ReportHeader,
+    SearchSummary,
+    SearchTrial,
+)
 from pipeline.stages.decompose.search import meets, top1_margin
 from pipeline.stages.decompose.search_plot import render_search_plot
 from pipeline.stages.validate.judge import Check, quality_target_check
 from pipeline.ternary.policy import get_recipe
 
 
-def _search(**target: Any) -> dict[str, Any]:
+def _search(**target: Any) -> SearchSummary:
     trials = [
         {"target_bpw": 8.5, "spent_bpw": 8.5, "file_bytes": 300_000_000, "top1": 0.95, "mean_kl": 0.01,
          "meets": True, "seconds": 20.0},
@@ -22,8 +29,18 @@ def _search(**target: Any) -> dict[str, Any]:
         {"target_bpw": 6.2, "spent_bpw": 6.1, "file_bytes": 200_000_000, "top1": 0.81, "mean_kl": 0.05,
          "meets": True, "seconds": 19.0},
     ]
-    return {"min_top1": None, "max_kl": None, **target, "scored_on": "calibration", "positions": 900,
-            "met": True, "chosen": 2, "trials": trials}
+    return SearchSummary(**{"min_top1": None, "max_kl": None, "top1_margin": None, **target},
+                         scored_on="calibration", positions=900, met=True, chosen=2,
+                         trials=tuple(SearchTrial(**trial) for trial in trials))
+
+
+def _report(**more: Any) -> DecomposeReport:
+    allocation = AllocationSummary(target_bpw=4.0, budget_bytes=1, spent_bytes=1, spent_bpw=4.0,
+                                   reachable=True, weighted=False, candidates={}, **more)
+    header = ReportHeader(recipe="auto", ternary_type="Q2_0", method="optimal", irls_iters=0, levels=3,
+                          device="cpu", shards=("model.safetensors",), elapsed_s=1.0, peak_rss_bytes=None,
+                          allocation=allocation)
+    return DecomposeReport.build([], header)
 
 
 def test_meets_needs_every_target_given() -> None:
@@ -39,7 +56,7 @@ def test_meets_needs_every_target_given() -> None:
 
 
 def test_validate_confirms_the_target_on_its_own_text() -> None:
-    report = {"allocation": {"search": _search(min_top1=0.6)}}
+    report = _report(search=_search(min_top1=0.6))
     measured = Check("agreement", "warn", "…", {"top1_agreement": 0.7, "mean_kl": 0.2})
     confirmed = quality_target_check(measured, report)
     assert confirmed is not None and confirmed.verdict == "pass"
@@ -50,7 +67,7 @@ def test_validate_confirms_the_target_on_its_own_text() -> None:
     empty = Check("agreement", "warn", "the agreement text option is empty")
     unmeasured = quality_target_check(empty, report)
     assert unmeasured is not None and unmeasured.verdict == "fail" and "not measured" in unmeasured.reason
-    assert quality_target_check(measured, {"allocation": {"spent_bpw": 4.0}}) is None
+    assert quality_target_check(measured, _report()) is None
     assert quality_target_check(measured, None) is None
 
 

@@ -6,23 +6,24 @@ import io
 
 import pytest
 
-from pipeline.ternary import report as report_module
-from pipeline.ternary.report import render_plot
+from pipeline.formats.decompose_report import Aggregate
+from pipeline.stages.decompose import report_plot as report_module
+from pipeline.stages.decompose.report_plot import render_plot
 
 
-def _report(n_layers: int) -> dict[str, object]:
-    layers = {
-        str(i): {"sparsity": 0.3 + 0.01 * i, "rel_error": 0.1, "absmean_rel_error": 0.3}
+def _layers(n_layers: int) -> dict[int, Aggregate]:
+    return {
+        i: Aggregate(n_params=1, n_ternary_params=1, n_bytes=1, bits_per_weight=2.0, sparsity=0.3 + 0.01 * i,
+                     rel_error=0.1, absmean_rel_error=0.3, all_tensors_rel_error=0.1)
         for i in range(n_layers)
     }
-    return {"recipe": "tq2_0", "method": "optimal", "layers": layers}
 
 
 @pytest.mark.parametrize("n_layers", [1, 2, 3, 40])
 def test_sparsity_bars_stay_inside_the_frame(n_layers: int) -> None:
     from PIL import Image
 
-    image = Image.open(io.BytesIO(render_plot(_report(n_layers)))).convert("RGB")
+    image = Image.open(io.BytesIO(render_plot(_layers(n_layers), "tq2_0", "optimal"))).convert("RGB")
     width, _ = image.size
     green = report_module._GREEN
     left, right = report_module._LEFT, width - report_module._RIGHT

@@ -390,7 +390,7 @@ def test_a_probe_child_started_before_its_file_runs_it(packaged_gguf: Path, tmp_
         result, why = child.run(probe.ProbeRequest(path=str(late), max_tokens=2), timeout_s=120)
         with pytest.raises(RuntimeError, match="one request"):
             child.run(probe.ProbeRequest(path=str(late)), timeout_s=120)
-    assert why == "" and result is not None and result.completions[0]["prompt"] == "1+1="
+    assert why == "" and result is not None and result.completions[0].prompt == "1+1="
     assert sorted(p.name for p in tmp_path.iterdir()) == ["late.gguf"]  # nothing of the child's left
 
 

@@ -97,7 +97,7 @@ def _empty_reference(n_vocab: int, params: Params) -> SourceReference:
 
 
 def _agreement_sequences(probe: ProbeResult) -> TokenSequences:
-    tokens = tuple(int(t) for t in (probe.text or {}).get("tokens", ()))
+    tokens = probe.text.tokens if probe.text else ()
     return TokenSequences((AGREEMENT,), (tokens,)) if len(tokens) >= 2 else TokenSequences((), ())
 
 
@@ -192,7 +192,7 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
         "elapsed_s": round(time.monotonic() - started, 3),
     })
     log.info("calibrate: source %s answered %r; reference of %d positions; %d statistics files",
-             kind, probe.completions[0]["text"], metrics["reference_positions"], len(outputs))
+             kind, probe.completions[0].text, metrics["reference_positions"], len(outputs))
     return StageResult(
         outputs=(OutputFile(REFERENCE_NAME, path, "source-reference"), *outputs),
         metrics=metrics,

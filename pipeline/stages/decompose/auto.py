@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline.formats.decompose_report import AllocationSummary, CandidateSummary, RungCost
 from pipeline.formats.model_card import ModelCard
 from pipeline.stages.decompose.calibration import CalibrationInputs
 from pipeline.ternary.allocate import Rung, allocate, ladder, rung_label
@@ -39,7 +40,7 @@ class Allocation:
     """The decisions and the evidence: every candidate's rungs and the budget they met."""
 
     decisions: dict[str, TensorDecision]
-    summary: dict[str, Any]
+    summary: AllocationSummary
 
 
 @dataclass
@@ -184,21 +185,21 @@ def choose(
             f"{'importance-weighted' if weighted else 'unweighted'} error by rung: {costs}",
             levels=rung.levels,
         )
-    summary = {
-        "target_bpw": round(bpw, 4),
-        "budget_bytes": budget,
-        "spent_bytes": spent,
-        "spent_bpw": round(spent * 8 / n_params, 4) if n_params else 0.0,
-        "reachable": spent <= budget,
-        "weighted": weighted,
-        "candidates": {
-            name: {
-                "chosen": rungs[name][i].label,
-                "rungs": [{"type": r.label, "n_bytes": r.n_bytes, "cost": r.cost} for r in rungs[name]],
-            }
+    summary = AllocationSummary(
+        target_bpw=round(bpw, 4),
+        budget_bytes=budget,
+        spent_bytes=spent,
+        spent_bpw=round(spent * 8 / n_params, 4) if n_params else 0.0,
+        reachable=spent <= budget,
+        weighted=weighted,
+        candidates={
+            name: CandidateSummary(
+                chosen=rungs[name][i].label,
+                rungs=tuple(RungCost(type=r.label, n_bytes=r.n_bytes, cost=r.cost) for r in rungs[name]),
+            )
             for name, i in chosen.items()
         },
-    }
+    )
     return Allocation(decisions, summary)
 
 

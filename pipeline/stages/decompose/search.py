@@ -24,7 +24,7 @@ import os
 import shutil
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +33,13 @@ import numpy as np
 from pipeline.calibration.answers import CALIBRATION
 from pipeline.calibration.reference import SourceReference
 from pipeline.core.errors import InputError, IntegrityError
+from pipeline.formats.decompose_report import SearchSummary, SearchTrial
 from pipeline.formats.model_card import ModelCard
 from pipeline.stages.base import InputFile
 from pipeline.stages.decompose.auto import Allocation, Candidates, RungBytes, choose, label_of
 from pipeline.ternary.policy import Recipe, TensorDecision, meets_quality
 
-__all__ = ["Trial", "SearchInputs", "meets", "top1_margin", "check_reference", "search", "MAX_TRIALS",
+__all__ = ["SearchInputs", "meets", "top1_margin", "check_reference", "search", "MAX_TRIALS",
            "RESOLUTION_BPW", "SEARCH_POSITIONS"]
 
 log = logging.getLogger(__name__)
@@ -49,19 +50,6 @@ RESOLUTION_BPW = 0.25
 # ±1.5 points, a few seconds of llama.cpp per trial for a small model.
 SEARCH_POSITIONS = 1024
 _FIX = "retry the job from calibrate (`bonsai retry JOB --from calibrate`)"
-
-
-@dataclass(frozen=True)
-class Trial:
-    """One candidate file: its budget, what it spent, its size, and its agreement on the calibration text."""
-
-    target_bpw: float
-    spent_bpw: float
-    file_bytes: int
-    top1: float
-    mean_kl: float
-    meets: bool
-    seconds: float
 
 
 @dataclass(frozen=True)
@@ -123,7 +111,7 @@ def _assemble(ctx: SearchInputs, allocation: Allocation, folder: Path) -> Path:
     return next(out.path for out in result.outputs if out.name.endswith(".gguf"))
 
 
-def _try(ctx: SearchInputs, bpw: float, weighted: bool, number: int) -> tuple[Allocation, Trial, int]:
+def _try(ctx: SearchInputs, bpw: float, weighted: bool, number: int) -> tuple[Allocation, SearchTrial, int]:
     from pipeline.calibration.agreement import score_gguf
 
     started = time.monotonic()
@@ -141,8 +129,8 @@ def _try(ctx: SearchInputs, bpw: float, weighted: bool, number: int) -> tuple[Al
         shutil.rmtree(folder, ignore_errors=True)
     stats = scored.stats
     margin = top1_margin(ctx.recipe.min_top1, stats.n_positions)
-    trial = Trial(
-        target_bpw=round(bpw, 4), spent_bpw=float(allocation.summary["spent_bpw"]), file_bytes=size,
+    trial = SearchTrial(
+        target_bpw=round(bpw, 4), spent_bpw=float(allocation.summary.spent_bpw), file_bytes=size,
         top1=round(stats.top1_agreement, 6), mean_kl=round(stats.mean_kl, 6),
         meets=meets(ctx.recipe, stats.top1_agreement, stats.mean_kl, margin),
         seconds=round(time.monotonic() - started, 3),
@@ -159,7 +147,7 @@ def search(ctx: SearchInputs, weighted: bool) -> Allocation:
     n_params = ctx.candidates.total_params
     low, high = (b * 8 / n_params for b in ctx.candidates.bytes_range())
     high = min(high, ctx.recipe.target_bpw)
-    trials: list[Trial] = []
+    trials: list[SearchTrial] = []
     allocations: list[Allocation] = []
     positions = 0
 
@@ -183,15 +171,15 @@ def search(ctx: SearchInputs, weighted: bool) -> Allocation:
                 best = tried
             else:
                 failing = trials[tried].target_bpw
+    searched = SearchSummary(
+        min_top1=ctx.recipe.min_top1 or None,
+        max_kl=ctx.recipe.max_kl or None,
+        scored_on=CALIBRATION,
+        positions=positions,
+        top1_margin=round(top1_margin(ctx.recipe.min_top1, positions), 4) if ctx.recipe.min_top1 else None,
+        met=trials[best].meets,
+        chosen=best,
+        trials=tuple(trials),
+    )
     chosen = allocations[best]
-    chosen.summary["search"] = {
-        "min_top1": ctx.recipe.min_top1 or None,
-        "max_kl": ctx.recipe.max_kl or None,
-        "scored_on": CALIBRATION,
-        "positions": positions,
-        "top1_margin": round(top1_margin(ctx.recipe.min_top1, positions), 4) if ctx.recipe.min_top1 else None,
-        "met": trials[best].meets,
-        "chosen": best,
-        "trials": [asdict(t) for t in trials],
-    }
-    return chosen
+    return replace(chosen, summary=replace(chosen.summary, search=searched))

@@ -7,10 +7,9 @@ line on its panel.
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping, Sequence
-from typing import Any
 
-from pipeline.ternary.report import plot_font
+from pipeline.formats.decompose_report import SearchSummary
+from pipeline.stages.decompose.report_plot import plot_font
 
 __all__ = ["PLOT_NAME", "render_search_plot"]
 
@@ -19,18 +18,19 @@ _W, _H, _LEFT, _RIGHT = 760, 520, 80, 30
 _BLUE, _ORANGE, _RED, _GREY = (31, 119, 180), (255, 127, 14), (200, 30, 30), (150, 150, 150)
 
 
-def render_search_plot(search: Mapping[str, Any]) -> bytes:
-    """PNG bytes for the ``search`` part of an allocation summary (`search.search`)."""
+def render_search_plot(search: SearchSummary) -> bytes:
+    """PNG bytes for the search of an allocation summary (`search.search`)."""
     from PIL import Image, ImageDraw
 
-    trials: Sequence[Mapping[str, Any]] = search["trials"]
+    trials = search.trials
     image = Image.new("RGB", (_W, _H), "white")
     draw = ImageDraw.Draw(image)
     font = plot_font(13)
-    target = ", ".join(f"{k} {search[k]}" for k in ("min_top1", "max_kl") if search.get(k) is not None)
-    draw.text((_W // 2, 8), f"auto: files tried ({target}; scored on the {search['scored_on']} text)",
+    targets = (("min_top1", search.min_top1), ("max_kl", search.max_kl))
+    target = ", ".join(f"{k} {v}" for k, v in targets if v is not None)
+    draw.text((_W // 2, 8), f"auto: files tried ({target}; scored on the {search.scored_on} text)",
               fill="black", font=plot_font(15), anchor="mt")
-    sizes = [t["file_bytes"] / 1e6 for t in trials]
+    sizes = [t.file_bytes / 1e6 for t in trials]
     lo, hi = float(min(sizes)), float(max(sizes))
     span = (hi - lo) or max(hi * 0.1, 1.0)
     lo, hi = lo - span * 0.08, hi + span * 0.08
@@ -38,10 +38,10 @@ def render_search_plot(search: Mapping[str, Any]) -> bytes:
     def x_of(mb: float) -> float:
         return float(_LEFT + (mb - lo) / (hi - lo) * (_W - _LEFT - _RIGHT))
 
-    kls = [t["mean_kl"] for t in trials] + [search.get("max_kl") or 0.0]
+    kls = [t.mean_kl for t in trials] + [search.max_kl or 0.0]
     panels = (
-        ("top-1 agreement", "top1", (0.0, 1.0), 45, 235, _BLUE, search.get("min_top1")),
-        ("mean KL (nats)", "mean_kl", (0.0, max(kls) * 1.1 or 1.0), 280, 470, _ORANGE, search.get("max_kl")),
+        ("top-1 agreement", "top1", (0.0, 1.0), 45, 235, _BLUE, search.min_top1),
+        ("mean KL (nats)", "mean_kl", (0.0, max(kls) * 1.1 or 1.0), 280, 470, _ORANGE, search.max_kl),
     )
     for label, key, (v0, v1), top, bottom, colour, line in panels:
         draw.rectangle((_LEFT, top, _W - _RIGHT, bottom), outline="black")
@@ -58,10 +58,10 @@ def render_search_plot(search: Mapping[str, Any]) -> bytes:
             for dash in range(_LEFT, _W - _RIGHT, 12):
                 draw.line([(dash, y), (min(dash + 6, _W - _RIGHT), y)], fill=_GREY, width=1)
         for n, trial in enumerate(trials):
-            x, y = x_of(trial["file_bytes"] / 1e6), y_of(float(trial[key]))
-            fill = colour if trial["meets"] else _GREY
+            x, y = x_of(trial.file_bytes / 1e6), y_of(float(getattr(trial, key)))
+            fill = colour if trial.meets else _GREY
             draw.ellipse((x - 4, y - 4, x + 4, y + 4), fill=fill)
-            if n == search["chosen"]:
+            if n == search.chosen:
                 draw.ellipse((x - 8, y - 8, x + 8, y + 8), outline=_RED, width=2)
     for mb in (lo + span * 0.08, hi - span * 0.08):
         draw.text((x_of(mb), 476), f"{mb:.1f} MB", fill="black", font=font, anchor="mt")

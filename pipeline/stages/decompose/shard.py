@@ -19,6 +19,7 @@ import torch
 
 from pipeline.core.errors import InputError, IntegrityError
 from pipeline.core.files import atomic_path
+from pipeline.formats.decompose_report import TensorReport
 from pipeline.formats.gguf.ggml_quantize import LLAMA_QUANT_TYPES
 from pipeline.formats.model_card import ModelCard
 from pipeline.formats.parts import PartEntry, PartIndex
@@ -30,7 +31,6 @@ from pipeline.ternary.exactness import decodes_exactly
 from pipeline.ternary.pack import PART_TYPES, bits_per_weight, decode_bytes, encode_plain, tensor_nbytes
 from pipeline.ternary.packed import PackedMatrix
 from pipeline.ternary.policy import GPTQ, Recipe, TensorDecision
-from pipeline.ternary.report import TensorReport
 
 __all__ = ["PART_TYPES", "Fetch", "read_part_index", "decompose_shard", "write_kept_part", "encode_tensor",
            "stream_options"]

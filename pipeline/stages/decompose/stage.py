@@ -6,7 +6,7 @@ Inputs: ``inspect/model_card.json`` and the source shards ``download/<name>`` (s
 For each source shard (1-based index ``i`` in the card's shards) the stage writes
 ``ternary/part-<i:05d>.safetensors``
 (`formats.parts`: GGUF-ready bytes keyed by GGUF name, with their index), streamed one tensor at
-a time (`shard.decompose_shard`). Also ``report.json`` (`ternary.report.build_report`) and
+a time (`shard.decompose_shard`). Also ``report.json`` (`formats.decompose_report`) and
 ``sparsity.png``. Runs on CUDA when available (``device="auto"``).
 """
 
@@ -22,18 +22,25 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.core.errors import InputError
 from pipeline.core.files import require_free_space
+from pipeline.formats.decompose_report import (
+    AllocationSummary,
+    DecomposeReport,
+    ReportHeader,
+    SearchSummary,
+    TensorReport,
+)
 from pipeline.formats.model_card import CARD_NAME, ModelCard
 from pipeline.formats.parts import PART_FORMAT, part_name
 from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult, inputs_of
 from pipeline.stages.decompose.calibration import load_calibration, wanted_input
 from pipeline.stages.decompose.merge import finish_report
 from pipeline.ternary.policy import AUTO, Recipe, decide, get_recipe, importance_for
-from pipeline.ternary.report import TensorReport
 
 if TYPE_CHECKING:
     import torch
 
     from pipeline.formats.parts import PartIndex
+    from pipeline.stages.decompose.auto import Allocation
 
 __all__ = ["NAME", "VERSION", "PART_FORMAT", "Params", "make_params", "select_inputs", "run",
            "read_part_index", "part_name"]
@@ -145,7 +152,7 @@ def _fit_backend(recipe: Recipe, device: torch.device) -> str:
 def _auto(
     card: ModelCard, files: Mapping[str, Path], plan: list[Any], recipe: Recipe, device: torch.device,
     calibration: Any, inputs: Mapping[str, InputFile], workdir: Path,
-) -> Any:
+) -> Allocation:
     """The auto recipe's allocation: within target_bpw, or the smallest file meeting its quality target."""
     from pipeline.stages.decompose.auto import RungBytes, choose, measure
     from pipeline.stages.decompose.calibration import load_reference
@@ -175,7 +182,7 @@ def _target_text(recipe: Recipe) -> str:
     return " and ".join(parts + ([f"max_kl={recipe.max_kl:g}"] if recipe.max_kl else []))
 
 
-def _search_plot(searched: Mapping[str, Any], workdir: Path) -> OutputFile:
+def _search_plot(searched: SearchSummary, workdir: Path) -> OutputFile:
     from pipeline.core.files import atomic_path
     from pipeline.stages.decompose.search_plot import PLOT_NAME, render_search_plot
 
@@ -214,13 +221,12 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
     recipe = params.recipe
     calibration = load_calibration(inputs, params.importance, recipe.method)
     decisions = {p.gguf_name: decide(p.gguf_name, p.shape, recipe) for p in plan}
-    allocation: dict[str, Any] | None = None
+    allocation: AllocationSummary | None = None
     if recipe.name == AUTO:
         chosen = _auto(card, files, plan, recipe, device, calibration, inputs, workdir)
         decisions, allocation = chosen.decisions, chosen.summary
         log.info("stage decompose: auto spends %.3f bpw of target %.3f over %d tensors",
-                 allocation["spent_bpw"],
-                 allocation["target_bpw"], len(allocation["candidates"]))
+                 allocation.spent_bpw, allocation.target_bpw, len(allocation.candidates))
     needed = sum(_planned_bytes(p.shape, decisions[p.gguf_name].ggml_type)
                  for p in plan if p.shard in selected)
     require_free_space(workdir, needed, f"the decomposed parts of {len(selected)} shard(s)")
@@ -234,33 +240,28 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
                                 recipe, device, calibration)
         outputs.append(OutputFile(name, workdir / name, "ternary-part"))
     elapsed_s = time.monotonic() - started
-    header = {
-        "format": "decompose-report/1", "recipe": recipe.name, "ternary_type": recipe.ternary_type,
-        "method": recipe.method, "irls_iters": recipe.irls_iters, "levels": recipe.levels,
-        "importance": params.importance,
-        "device": str(device),
-        "fit_backend": _fit_backend(recipe, device),
-        "shards": selected, "elapsed_s": round(elapsed_s, 3), "peak_rss_bytes": _peak_rss_bytes(),
-        "source_format": card.format, "source_types": dict(card.dtypes),
-    }
+    header = ReportHeader(
+        recipe=recipe.name, ternary_type=recipe.ternary_type, method=recipe.method,
+        irls_iters=recipe.irls_iters, levels=recipe.levels, importance=params.importance,
+        device=str(device), fit_backend=_fit_backend(recipe, device), shards=tuple(selected),
+        elapsed_s=round(elapsed_s, 3), peak_rss_bytes=_peak_rss_bytes(),
+        source_format=card.format, source_types=dict(card.dtypes), allocation=allocation,
+    )
+    report_outputs, metrics, warnings = finish_report(DecomposeReport.build(rows, header), workdir)
     if allocation is not None:
-        header["allocation"] = allocation
-    report_outputs, metrics, warnings = finish_report(rows, header, workdir)
-    if allocation is not None:
-        metrics["auto_bpw"] = allocation["spent_bpw"]
-        searched = allocation.get("search")
+        metrics["auto_bpw"] = allocation.spent_bpw
+        searched = allocation.search
         if searched is not None:
             report_outputs.append(_search_plot(searched, workdir))
-            best = searched["trials"][searched["chosen"]]
-            metrics.update(auto_trials=len(searched["trials"]), auto_top1=best["top1"],
-                           auto_kl=best["mean_kl"])
-            if not searched["met"]:
+            best = searched.best
+            metrics.update(auto_trials=len(searched.trials), auto_top1=best.top1, auto_kl=best.mean_kl)
+            if not searched.met:
                 warnings = (*warnings, f"no file within target_bpw={recipe.target_bpw} meets "
                             f"{_target_text(recipe)} on the calibration text (the largest tried: top-1 "
-                            f"{best['top1']:.1%}, KL {best['mean_kl']:.3f}); it is kept for validate to "
+                            f"{best.top1:.1%}, KL {best.mean_kl:.3f}); it is kept for validate to "
                             "judge: loosen the target or raise target_bpw")
-        elif not allocation["reachable"]:
+        elif not allocation.reachable:
             warnings = (*warnings, f"target_bpw={recipe.target_bpw} is below the smallest file the ladders "
-                        f"allow ({allocation['spent_bpw']} bpw): every tensor is at its cheapest type; "
+                        f"allow ({allocation.spent_bpw} bpw): every tensor is at its cheapest type; "
                         "raise target_bpw")
     return StageResult(outputs=(*outputs, *report_outputs), metrics=metrics, warnings=warnings)

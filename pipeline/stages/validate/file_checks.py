@@ -9,12 +9,14 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pipeline.core.verdicts import Verdict
+from pipeline.formats.decompose_report import DecomposeReport
 from pipeline.formats.gguf.readback import GGUFSummary
 from pipeline.formats.gguf.reader import GGUFFile
 from pipeline.formats.gguf.types import block_geometry
@@ -58,10 +60,10 @@ def sampled_sparsity(path: Path) -> tuple[float | None, int]:
     return (zeros / total if total else None), n_tensors
 
 
-def check_sparsity(path: Path, report: Mapping[str, Any] | None) -> Check:
+def check_sparsity(path: Path, report: DecomposeReport | None) -> Check:
     """Fail at 0% zeros (every weight ±1: the fit collapsed); warn when file and report disagree."""
     measured, n_tensors = sampled_sparsity(path)
-    reported = (report or {}).get("totals", {}).get("sparsity")
+    reported = report.totals.sparsity if report else None
     numbers = {"measured": measured, "reported": reported, "n_ternary_tensors": n_tensors}
     if n_tensors == 0 or measured is None:
         return Check(
@@ -87,12 +89,12 @@ def check_sparsity(path: Path, report: Mapping[str, Any] | None) -> Check:
     return Check("sparsity", Verdict.PASS, detail, numbers)
 
 
-def recipe_ternary_type(recipe: str, report: Mapping[str, Any] | None) -> str | None:
+def recipe_ternary_type(recipe: str, report: DecomposeReport | None) -> str | None:
     """The ternary type the recipe asked for: from decompose's report, else the named recipe."""
     from pipeline.ternary.policy import RECIPES
 
-    if report and isinstance(report.get("ternary_type"), str):
-        return str(report["ternary_type"])
+    if report and report.header.ternary_type is not None:
+        return report.header.ternary_type
     known = RECIPES.get(recipe)
     return known.ternary_type if known else None
 
@@ -118,12 +120,13 @@ def _linear_bpw(shapes: Mapping[str, tuple[int, ...]], types: Mapping[str, str])
     return (n_bits / n_params if n_params else 0.0), n_params, n_ternary
 
 
-def _fallbacks(report: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    return list((report or {}).get("fallbacks") or [])[:_MAX_FALLBACKS_LISTED]
+def _planned(report: DecomposeReport | None) -> dict[str, str]:
+    """Each tensor's type as decompose decided it."""
+    return {t.name: t.ggml_type for t in report.tensors} if report else {}
 
 
 def check_bits_per_weight(
-    summary: GGUFSummary, ternary_type: str | None, report: Mapping[str, Any] | None
+    summary: GGUFSummary, ternary_type: str | None, report: DecomposeReport | None
 ) -> Check:
     """Block linear weights at the rate decompose decided, and how far that is from the recipe's.
 
@@ -138,33 +141,33 @@ def check_bits_per_weight(
     bpw, n_params, n_ternary = _linear_bpw(summary.shapes, summary.tensor_types)
     if not n_params:
         return Check("bits_per_weight", Verdict.FAIL, "the file has no block linear weights to measure")
-    fallbacks = _fallbacks(report)
+    fallbacks = [asdict(f) for f in report.fallbacks[:_MAX_FALLBACKS_LISTED]] if report else []
     numbers: dict[str, Any] = {
         "linear_bpw": round(bpw, 4),
         "recipe_bpw": target,
         "file_bpw": round(summary.bits_per_weight, 4),
         "linear_params": n_params,
         "ternary_share": round(n_ternary / n_params, 4),
-        "n_fallbacks": len((report or {}).get("fallbacks") or []),
+        "n_fallbacks": len(report.fallbacks) if report else 0,
         "fallbacks": fallbacks,
     }
     detail = (
         f"block linear weights at {bpw:.4f} bpw ({n_ternary / n_params:.1%} of them {ternary_type}), "
         f"recipe {ternary_type} is {target:.4f}; whole file {summary.bits_per_weight:.3f}"
     )
-    planned = {t["name"]: t["ggml_type"] for t in (report or {}).get("tensors", []) if "name" in t}
+    planned = _planned(report)
     if planned:
         expected, _, _ = _linear_bpw(summary.shapes, planned)
         numbers["decided_bpw"] = round(expected, 4)
         if abs(bpw - expected) > _BPW_PASS_REL * expected:
             return Check("bits_per_weight", Verdict.FAIL,
                          f"{detail}; decompose decided {expected:.4f}", numbers)
-        allocation = (report or {}).get("allocation")
-        if isinstance(allocation, Mapping):
+        allocation = report.header.allocation if report else None
+        if allocation is not None:
             # The auto recipe has no single rate: its budget is over all 2-D weights, checked here.
-            spent, target_bpw = allocation.get("spent_bpw"), allocation.get("target_bpw")
+            spent, target_bpw = allocation.spent_bpw, allocation.target_bpw
             numbers.update(recipe_bpw=target_bpw, allocation_bpw=spent)
-            verdict = Verdict.PASS if allocation.get("reachable") else Verdict.WARN
+            verdict = Verdict.PASS if allocation.reachable else Verdict.WARN
             return Check("bits_per_weight", verdict, f"{detail.split(', recipe ')[0]}; "
                          "the auto allocation spends "
                          f"{spent} bpw of its target {target_bpw} over the 2-D weights; whole file "
@@ -187,11 +190,11 @@ def _reason_kind(reason: str) -> str:
     return reason.split(": ", 1)[-1]
 
 
-def check_types(summary: GGUFSummary, ternary_type: str | None, report: Mapping[str, Any] | None) -> Check:
+def check_types(summary: GGUFSummary, ternary_type: str | None, report: DecomposeReport | None) -> Check:
     """Every tensor has the type decompose decided (or, without a report, linears are ternary)."""
     from pipeline.formats.hf.architectures import GENERATED_TENSORS
 
-    planned = {t["name"]: t["ggml_type"] for t in (report or {}).get("tensors", []) if "name" in t}
+    planned = _planned(report)
     types = dict(summary.types)
     if planned:
         wrong = [

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,8 +28,9 @@ from pipeline.ternary.policy import meets_quality
 
 if TYPE_CHECKING:
     from pipeline.calibration.agreement import ReferenceAgreement
-    from pipeline.calibration.probe import ProbeResult
+    from pipeline.calibration.probe import Generation, ProbeResult
     from pipeline.calibration.reference import SourceReference
+    from pipeline.formats.decompose_report import DecomposeReport
     from pipeline.stages.validate.params import Params
 
 __all__ = [
@@ -116,7 +117,7 @@ def first_answer(text: str) -> str | None:
     return match.group(0) if match else None
 
 
-def _score(reference: SourceReference, candidate: ProbeResult, tokens: list[int]) -> ReferenceAgreement:
+def _score(reference: SourceReference, candidate: ProbeResult, tokens: Sequence[int]) -> ReferenceAgreement:
     """The candidate's logits on the agreement text against the reference's (same token ids)."""
     from pipeline.calibration.agreement import ReferenceScorer
 
@@ -133,17 +134,17 @@ def _score(reference: SourceReference, candidate: ProbeResult, tokens: list[int]
 
 
 def answer_check(
-    name: str, out: Mapping[str, Any] | None, expected: str, source_out: Mapping[str, Any] | None
+    name: str, out: Generation | None, expected: str, source_out: Generation | None
 ) -> Check:
-    text = out["text"] if out else ""
+    text = out.text if out else ""
     found = first_answer(text)
-    source_found = first_answer(source_out["text"]) if source_out else None
+    source_found = first_answer(source_out.text) if source_out else None
     numbers = {
-        "prompt": out["prompt"] if out else None,
+        "prompt": out.prompt if out else None,
         "text": text,
         "first_number": found,
         "expected": expected,
-        "source_text": source_out["text"] if source_out else None,
+        "source_text": source_out.text if source_out else None,
         "source_first_number": source_found,
     }
     # The first number must be the answer: "12" or "3, 2" contain "2" but are wrong.
@@ -168,38 +169,38 @@ def source_answer_check(source: ProbeResult | None, params: Params) -> Check | N
     if source is None:
         return None
     out = source.completions[0]
-    found = first_answer(out["text"])
+    found = first_answer(out.text)
     numbers = {
-        "prompt": out["prompt"],
-        "text": out["text"],
+        "prompt": out.prompt,
+        "text": out.text,
         "first_number": found,
         "expected": params.expected,
     }
     if found == params.expected:
         return Check(
             "source_answer", Verdict.PASS,
-            f"the source answers: {out['prompt']!r} -> {out['text']!r}", numbers
+            f"the source answers: {out.prompt!r} -> {out.text!r}", numbers
         )
     return Check(
         "source_answer",
         Verdict.WARN,
         f"the source itself does not answer {params.expected!r}: "
-        f"{out['prompt']!r} -> {out['text']!r}; the answer checks say little about the conversion",
+        f"{out.prompt!r} -> {out.text!r}; the answer checks say little about the conversion",
         numbers,
     )
 
 
-def _outputs(probe: ProbeResult) -> dict[str, Mapping[str, Any]]:
-    found: dict[str, Mapping[str, Any]] = {"completion": probe.completions[0]}
+def _outputs(probe: ProbeResult) -> dict[str, Generation]:
+    found: dict[str, Generation] = {"completion": probe.completions[0]}
     if probe.chat:
         found["chat"] = probe.chat
     return found
 
 
-def _same_output(out: Mapping[str, Any], source_out: Mapping[str, Any] | None) -> bool:
+def _same_output(out: Generation, source_out: Generation | None) -> bool:
     if source_out is None:
         return False
-    return list(out["tokens"]) == list(source_out["tokens"]) or out["text"] == source_out["text"]
+    return list(out.tokens) == list(source_out.tokens) or out.text == source_out.text
 
 
 def repetition_check(candidate: ProbeResult, source: ProbeResult | None) -> Check:
@@ -209,13 +210,13 @@ def repetition_check(candidate: ProbeResult, source: ProbeResult | None) -> Chec
     tokens: then the conversion made the loop. Otherwise warn (the model does it by itself).
     """
     outputs = _outputs(candidate)
-    loops = {kind: repetition_of(list(out["tokens"]), out["text"]) for kind, out in outputs.items()}
+    loops = {kind: repetition_of(list(out.tokens), out.text) for kind, out in outputs.items()}
     loops = {kind: why for kind, why in loops.items() if why}
     if not loops:
         return Check("repetition", Verdict.PASS, "no degenerate loop in the generated tokens", {"loops": {}})
     source_outputs = _outputs(source) if source is not None else {}
     source_loops = {
-        kind: repetition_of(list(out["tokens"]), out["text"]) for kind, out in source_outputs.items()
+        kind: repetition_of(list(out.tokens), out.text) for kind, out in source_outputs.items()
     }
     same = sorted(kind for kind in loops if _same_output(outputs[kind], source_outputs.get(kind)))
     numbers = {"loops": loops, "source_loops": {k: v for k, v in source_loops.items() if v},
@@ -273,7 +274,8 @@ def agreement_check(
             f"vocabularies differ: source {source.n_vocab} tokens, converted {candidate.n_vocab}",
             {"n_vocab": [source.n_vocab, candidate.n_vocab]},
         )
-    ids_src, ids_cand = (source.text or {})["tokens"], (candidate.text or {})["tokens"]
+    ids_src = source.text.tokens if source.text else ()
+    ids_cand = candidate.text.tokens if candidate.text else ()
     if ids_src != ids_cand:
         first = next(
             (i for i, (a, b) in enumerate(zip(ids_src, ids_cand, strict=False)) if a != b),
@@ -294,7 +296,7 @@ def agreement_check(
         "mean_kl_lower": round(scored.mean_kl_lower, 6), "mean_kl_stderr": round(scored.mean_kl_stderr, 6),
         "reference_top_k": scored.top_k, "reference_tail_samples": scored.tail_samples,
     })
-    numbers["is_text_truncated"] = bool((source.text or {})["is_truncated"])
+    numbers["is_text_truncated"] = bool(source.text and source.text.is_truncated)
     detail = (
         f"top-1 agreement {stats.top1_agreement:.1%}, mean KL {stats.mean_kl:.3f} nats over "
         f"{stats.n_positions} positions of the agreement text (log-perplexity source "
@@ -330,13 +332,14 @@ def agreement_check(
     return Check("agreement", Verdict.PASS, detail, numbers)
 
 
-def quality_target_check(agreement: Check, report: Mapping[str, Any] | None) -> Check | None:
+def quality_target_check(agreement: Check, report: DecomposeReport | None) -> Check | None:
     """The auto recipe's ``min_top1`` / ``max_kl``, confirmed on the agreement text (which its search,
     scoring on the calibration text, never saw); None when the job set no quality target."""
-    searched = ((report or {}).get("allocation") or {}).get("search")
-    if not isinstance(searched, Mapping):
+    allocation = report.header.allocation if report else None
+    searched = allocation.search if allocation else None
+    if searched is None:
         return None
-    min_top1, max_kl = searched.get("min_top1"), searched.get("max_kl")
+    min_top1, max_kl = searched.min_top1, searched.max_kl
     wanted = " and ".join(([f"top-1 >= {min_top1:.0%}"] if min_top1 is not None else [])
                           + ([f"KL <= {max_kl:g}"] if max_kl is not None else []))
     numbers = agreement.numbers or {}
@@ -345,13 +348,13 @@ def quality_target_check(agreement: Check, report: Mapping[str, Any] | None) -> 
         return Check("quality_target", Verdict.FAIL,
                      f"the job asks for {wanted}, but agreement with the source "
                      f"was not measured: {agreement.reason}")
-    chosen = searched["trials"][searched["chosen"]]
+    chosen = searched.best
     met = meets_quality(min_top1, max_kl, top1, kl)
     detail = (f"asked {wanted}: top-1 {top1:.1%}, mean KL {kl:.3f} on the agreement text (the search "
-              f"measured {chosen['top1']:.1%} and {chosen['mean_kl']:.3f} on the calibration text, "
-              f"{len(searched['trials'])} files tried)")
+              f"measured {chosen.top1:.1%} and {chosen.mean_kl:.3f} on the calibration text, "
+              f"{len(searched.trials)} files tried)")
     figures = {"min_top1": min_top1, "max_kl": max_kl, "top1_agreement": top1, "mean_kl": kl,
-               "search_top1": chosen["top1"], "search_kl": chosen["mean_kl"]}
+               "search_top1": chosen.top1, "search_kl": chosen.mean_kl}
     if met:
         return Check("quality_target", Verdict.PASS, detail, figures)
     return Check("quality_target", Verdict.FAIL,

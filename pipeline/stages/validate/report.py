@@ -59,11 +59,11 @@ class ValidationReport:
               checks: list[Check], source: Mapping[str, Any] | None) -> ValidationReport:
         """The report of one validation run from its checks and what each model did."""
         completion = candidate.completions[0] if candidate else None
-        text = completion["text"] if completion else None
+        text = completion.text if completion else None
         details = {c.name: {"verdict": c.verdict, "reason": c.reason, **(c.numbers or {})} for c in checks}
         chat: dict[str, Any] | None = None
         if candidate is not None:
-            chat = dict(candidate.chat) if candidate.chat else {
+            chat = asdict(candidate.chat) if candidate.chat else {
                 "skipped": "the file has no tokenizer.chat_template"
                 if not candidate.has_chat_template
                 else "no chat prompt configured"
@@ -73,14 +73,14 @@ class ValidationReport:
             checks={c.name: c.verdict for c in checks},
             details=details,
             text=text,
-            n_tokens=len(completion["tokens"]) if completion else 0,
+            n_tokens=len(completion.tokens) if completion else 0,
             has_expected_answer=bool(text is not None and first_answer(text) == params.expected),
             contains_expected=bool(text is not None and params.expected in text),
             load_s=candidate.load_s if candidate else None,
-            tokens_per_s=completion["tokens_per_s"] if completion else None,
-            device=candidate.backend["device"] if candidate else None,
-            backend=candidate.backend if candidate else None,
-            completion=completion,
+            tokens_per_s=completion.tokens_per_s if completion else None,
+            device=candidate.backend.device if candidate else None,
+            backend=asdict(candidate.backend) if candidate else None,
+            completion=asdict(completion) if completion else None,
             chat=chat,
             agreement=details.get("agreement"),
             source=source,

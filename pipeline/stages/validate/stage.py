@@ -35,14 +35,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.calibration.probe import ProbeProcess, ProbeRequest, ProbeResult
 from pipeline.core.errors import InputError, IntegrityError
 from pipeline.core.verdicts import Verdict
-from pipeline.formats.jsonfile import load_json
+from pipeline.formats.decompose_report import REPORT_NAME as DECOMPOSE_REPORT
+from pipeline.formats.decompose_report import DecomposeReport
 from pipeline.stages.base import InputFile, OutputFile, StageResult
 from pipeline.stages.validate import file_checks
 from pipeline.stages.validate.judge import (
@@ -102,21 +103,18 @@ def _source(
     return answers.probe, reference, answers.kind, ""
 
 
-def _load_decompose_report(inputs: Mapping[str, InputFile]) -> dict[str, Any] | None:
-    item = inputs.get("decompose/report.json")
-    if item is None:
-        return None
-    report = load_json(item.path, "decompose/report.json", error=IntegrityError,
-                       fix="retry the job from decompose")
-    return report if isinstance(report, dict) else None
+def _load_decompose_report(inputs: Mapping[str, InputFile]) -> DecomposeReport | None:
+    label = f"decompose/{DECOMPOSE_REPORT}"
+    item = inputs.get(label)
+    return None if item is None else DecomposeReport.load(item.path, label)
 
 
-def _is_exact_alone(inputs: Mapping[str, InputFile], decompose_report: dict[str, Any] | None) -> bool:
+def _is_exact_alone(inputs: Mapping[str, InputFile], decompose_report: DecomposeReport | None) -> bool:
     """Decompose proved the file bit-exact and calibrate was not needed (no source reference): the
     file is judged alone, its agreement with the source not measured."""
     from pipeline.calibration.answers import REFERENCE_NAME
 
-    return f"calibrate/{REFERENCE_NAME}" not in inputs and bool((decompose_report or {}).get("exact"))
+    return f"calibrate/{REFERENCE_NAME}" not in inputs and bool(decompose_report and decompose_report.exact)
 
 
 def _drop_logits(*probes: ProbeResult | None) -> None:
@@ -131,7 +129,7 @@ def _checks(
     summary: Any,
     params: Params,
     inputs: Mapping[str, InputFile],
-    decompose_report: dict[str, Any] | None,
+    decompose_report: DecomposeReport | None,
 ) -> tuple[list[Check], dict[str, Any]]:
     """Every check after a successful load, and the source's side of the report."""
     source, reference, ref_kind, why = _source(inputs, params.probe.request(path, params.n_threads))
@@ -170,8 +168,8 @@ def _checks(
         "kind": ref_kind,
         "error": why or None,
         "load_s": source.load_s if source else None,
-        "completion": source.completions[0] if source else None,
-        "chat": source.chat if source else None,
+        "completion": asdict(source.completions[0]) if source else None,
+        "chat": asdict(source.chat) if source and source.chat else None,
     }
     return checks, side
 
@@ -207,7 +205,7 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
                 Check(
                     "loads",
                     Verdict.PASS,
-                    f"loaded in {candidate.load_s:.2f} s on {candidate.backend['device']}",
+                    f"loaded in {candidate.load_s:.2f} s on {candidate.backend.device}",
                     {"load_s": candidate.load_s},
                 )
             )
