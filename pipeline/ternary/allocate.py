@@ -6,10 +6,12 @@ legacy quants (Q4_0, Q5_0) where they are not, then Q8_0. Its *cost* on each run
 importance-weighted squared error Σⱼ impⱼ Σᵢ (wᵢⱼ − ŵᵢⱼ)² of that rung's bytes: the expected
 squared change of the layer's output per token under the calibration activations (with no
 importance recorded, imp = 1). `allocate` starts every tensor on its cheapest rung and then
-spends the budget greedily on the step with the largest cost drop per added byte (steps that
+buys upgrade steps in one fixed order, the largest cost drop per added byte first (steps that
 are not on a tensor's lower convex hull are merged, so a rung that buys little is skipped over),
 until the next step no longer fits. The result minimises the summed cost under the budget up
-to the granularity of one step.
+to the granularity of one step, and the allocations of increasing budgets are nested: more
+bytes never move a tensor down a rung, so the size-quality curve has no cliff of the
+allocator's making.
 
 Example::
 
@@ -19,11 +21,10 @@ Example::
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Rung", "rung_label", "ladder", "hull", "allocate"]
+__all__ = ["Rung", "rung_label", "ladder", "hull", "upgrades", "allocate"]
 
 _QK_K, _Q2_0_BLOCK, _LEGACY_BLOCK = 256, 64, 32
 
@@ -89,33 +90,40 @@ def hull(rungs: Sequence[Rung]) -> list[int]:
     return kept
 
 
-def allocate(candidates: Mapping[str, Sequence[Rung]], budget_bytes: int) -> dict[str, int]:
-    """The rung index chosen for each tensor: cheapest rungs, then the best upgrades that fit.
+def upgrades(candidates: Mapping[str, Sequence[Rung]]) -> list[tuple[str, int]]:
+    """Every upgrade step on every tensor's hull, in the one order the budget buys them: the
+    largest cost drop per added byte first; ``(name, rung index reached)``.
 
-    Every tensor gets at least its cheapest rung even when those alone exceed the budget (the
-    caller reports that the target was not reachable).
+    A tensor's hull steps drop less per byte the higher they go (that is what the hull is), so
+    this order takes each tensor's steps bottom up.
     """
-    paths = {name: hull(rungs) for name, rungs in candidates.items() if rungs}
-    chosen = {name: 0 for name in paths}  # position on the hull path
-    spent = sum(candidates[name][path[0]].n_bytes for name, path in paths.items())
-    heap: list[tuple[float, str]] = []
-
-    def push(name: str) -> None:
-        path, at = paths[name], chosen[name]
-        if at + 1 < len(path):
-            here, there = candidates[name][path[at]], candidates[name][path[at + 1]]
+    steps: list[tuple[float, str, int, int]] = []
+    for name, rungs in candidates.items():
+        path = hull(rungs) if rungs else []
+        for at in range(len(path) - 1):
+            here, there = rungs[path[at]], rungs[path[at + 1]]
             gain = (here.cost - there.cost) / max(there.n_bytes - here.n_bytes, 1)
-            heapq.heappush(heap, (-gain, name))
+            steps.append((-gain, name, at + 1, path[at + 1]))
+    steps.sort(key=lambda step: step[:3])
+    return [(name, index) for _gain, name, _at, index in steps]
 
-    for name in paths:
-        push(name)
-    while heap:
-        _gain, name = heapq.heappop(heap)
-        path, at = paths[name], chosen[name]
-        step = candidates[name][path[at + 1]].n_bytes - candidates[name][path[at]].n_bytes
+
+def allocate(candidates: Mapping[str, Sequence[Rung]], budget_bytes: int) -> dict[str, int]:
+    """The rung index chosen for each tensor: cheapest rungs, then the upgrades in `upgrades` order
+    until the next one does not fit.
+
+    Stopping at the first step that does not fit (rather than skipping to smaller ones) makes
+    the allocations nested: a larger budget buys every upgrade a smaller one bought, and more,
+    so no tensor ever goes down a rung when the budget goes up. The price is at most one step's
+    bytes of the budget left unspent. Every tensor gets at least its cheapest rung even when
+    those alone exceed the budget (the caller reports that the target was not reachable).
+    """
+    chosen = {name: hull(rungs)[0] for name, rungs in candidates.items() if rungs}
+    spent = sum(candidates[name][index].n_bytes for name, index in chosen.items())
+    for name, index in upgrades(candidates):
+        step = candidates[name][index].n_bytes - candidates[name][chosen[name]].n_bytes
         if spent + step > budget_bytes:
-            continue  # this step does not fit; a smaller one of another tensor may
+            break
         spent += step
-        chosen[name] = at + 1
-        push(name)
-    return {name: paths[name][at] for name, at in chosen.items()}
+        chosen[name] = index
+    return chosen

@@ -1,13 +1,14 @@
-"""The auto recipe's allocation: ladders by row length, the hull, and the greedy within a budget."""
+"""The auto recipe's allocation: ladders by row length, the hull, the greedy within a budget, and nesting."""
 
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 
 from pipeline.core.errors import InputError
-from pipeline.ternary.allocate import Rung, allocate, hull, ladder
+from pipeline.ternary.allocate import Rung, allocate, hull, ladder, upgrades
 from pipeline.ternary.policy import get_recipe, importance_for
 
 
@@ -85,3 +86,45 @@ def test_quality_target_options() -> None:
         get_recipe("auto", {"max_kl": 0})
     with pytest.raises(InputError, match="nats above 0"):
         get_recipe("auto", {"max_kl": True})
+
+
+def _synthetic_model(seed: int, n_tensors: int = 40) -> dict[str, list[Rung]]:
+    """Ladders of made-up tensors: sizes spanning three orders of magnitude (one huge embedding-like
+    tensor among small ones), costs falling by a random factor per rung."""
+    rng = random.Random(seed)
+    model: dict[str, list[Rung]] = {}
+    for i in range(n_tensors):
+        params = rng.choice((4096, 65536, 1 << 20)) if i else 1 << 24
+        cost = rng.uniform(1.0, 100.0)
+        rungs = []
+        for ggml_type, levels, bpw in (("Q2_0", 3, 2.25), ("Q2_0", 4, 2.25), ("Q4_K", None, 4.5),
+                                       ("Q6_K", None, 6.5625), ("Q8_0", None, 8.5)):
+            rungs.append(Rung(ggml_type, levels, int(params * bpw / 8), cost))
+            cost *= rng.uniform(0.05, 1.1)  # sometimes a rung buys nothing: the hull skips it
+        model[f"blk.{i}.w"] = rungs
+    return model
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_more_budget_never_moves_a_tensor_down(seed: int) -> None:
+    model = _synthetic_model(seed)
+    lowest = sum(min(r.n_bytes for r in rungs) for rungs in model.values())
+    highest = sum(max(r.n_bytes for r in rungs) for rungs in model.values())
+    before = allocate(model, 0)
+    for budget in range(lowest, highest + 2, max(1, (highest - lowest) // 400)):
+        after = allocate(model, budget)
+        spent = sum(model[name][index].n_bytes for name, index in after.items())
+        assert spent <= budget
+        for name, index in after.items():
+            was, now = model[name][before[name]], model[name][index]
+            assert now.n_bytes >= was.n_bytes and now.cost <= was.cost, (seed, budget, name)
+        before = after
+    assert all(model[n][i].cost == min(r.cost for r in model[n]) for n, i in before.items()), "all bought"
+
+
+def test_upgrades_take_each_tensors_hull_bottom_up() -> None:
+    model = _synthetic_model(7)
+    steps = upgrades(model)
+    for name, rungs in model.items():
+        path = hull(rungs)
+        assert [index for n, index in steps if n == name] == path[1:]

@@ -12,8 +12,9 @@ cheapest types stops there), then bisection between the largest failing and the 
 passing budget until they are `RESOLUTION_BPW` apart or `MAX_TRIALS` files were tried. A
 trial meets ``min_top1`` only with a margin of two standard errors of its own count
 (`top1_margin`: 3 points at 0.6 over 1,022 positions).
-Bisection assumes agreement grows with the budget; a trial that breaks that shows in the
-report's table of trials.
+Bisection assumes agreement grows with the budget: the allocations are nested
+(`ternary.allocate.allocate`), so a larger budget's file holds every upgrade of a smaller one's;
+a trial that still breaks it (tensors interacting) shows in the report's table of trials.
 """
 
 from __future__ import annotations
