@@ -14,13 +14,21 @@ Each row: file size, bits per weight of the block linear weights and of the whol
 agreement and mean KL(source || file) over every position of the held-out text (exact, from
 both full logit arrays), the greedy ``1+1=`` text, and the time to make it.
 
-    .venv/bin/python bench/fidelity.py [--workdir DIR] [--targets 4.5,6.0] [--skip-ours]
+    .venv/bin/python bench/fidelity.py [--workdir DIR] [--targets 4.5,6.0] [--skip-ours] [--sweep 4.0:6.0:0.2]
+
+``--sweep LO:HI:STEP`` adds ``auto`` at every ``target_bpw`` from LO to HI (built-in calibration),
+each file scored on the held-out text like the rest, with whether its job passed validation and
+how many tensors went down a rung from the budget before (the allocations should be nested: 0).
 
 Last line: ``auto_at_q2k_top1=… auto_at_q2k_kl=… q2k_top1=… q2k_kl=… smallest_passing_mb=… q2k_mb=…
-calibrated_kl_gain=…`` where smallest_passing_mb is the ``min_top1=0.6`` file's size (``nan`` when
-it does not answer 2) and calibrated_kl_gain is the plain q2_0 file's KL over the gptq file's.
+calibrated_kl_gain=…`` (with ``--sweep``, also ``monotone_violations=…
+sweep_smallest_passing_mb=… failing_above_passing=… rungs_down=…``) where smallest_passing_mb is
+the ``min_top1=0.6`` file's size (``nan`` when it does not answer 2) and calibrated_kl_gain is
+the plain q2_0 file's KL over the gptq file's.
+monotone_violations counts sweep budgets whose KL is more than 0.02 above the budget before;
+failing_above_passing counts sweep files that fail validation at or above the first that passes.
 Targets (issue 13): auto_at_q2k top-1 >= q2k's and KL <= q2k's; smallest_passing_mb < q2k_mb;
-calibrated_kl_gain >= 2.
+calibrated_kl_gain >= 2. Issue 28: monotone_violations=0, failing_above_passing=0, rungs_down=0.
 """
 
 from __future__ import annotations
@@ -71,6 +79,8 @@ class Row:
     top1: float = math.nan
     kl: float = math.nan
     answer: str = ""
+    passed: bool | None = None  # the job's validation (ours only)
+    chosen: dict[str, str] | None = None  # auto's rung per tensor (ours only)
 
 
 def _threads() -> int:
@@ -131,8 +141,57 @@ def _our_file(home: Path, source: Path, label: str, recipe: str, options: dict[s
         path = rt.store.path(link.artifact_sha256)
         stage_s = {str(stage): round(float(r.metrics.get("elapsed_s") or 0.0), 1)
                    for stage, r in runs.items()}
-    print(f"  ours {label}: job {job_id} in {seconds:.1f} s; stages {stage_s}", flush=True)
-    return Row("ours", label, path, seconds)
+        validate = runs.get(StageName.VALIDATE)
+        passed = validate is not None and validate.status == "succeeded"
+        chosen = _chosen_rungs(rt.store, runs.get(StageName.DECOMPOSE))
+    print(f"  ours {label}: job {job_id} in {seconds:.1f} s; stages {stage_s}; validation "
+          f"{'passed' if passed else 'failed'}", flush=True)
+    return Row("ours", label, path, seconds, passed=passed, chosen=chosen)
+
+
+def _chosen_rungs(store: Any, decompose: Any) -> dict[str, str] | None:
+    from pipeline.formats.decompose_report import REPORT_NAME, DecomposeReport
+
+    link = next((link for link in (decompose.links if decompose else ()) if link.direction == "out"
+                 and link.name == REPORT_NAME), None)
+    if link is None:
+        return None
+    allocation = DecomposeReport.load(store.path(link.artifact_sha256)).header.allocation
+    return {name: c.chosen for name, c in allocation.candidates.items()} if allocation else None
+
+
+def _sweep_targets(spec: str) -> list[float]:
+    low, high, step = (float(part) for part in spec.split(":"))
+    return [round(low + i * step, 4) for i in range(int(round((high - low) / step)) + 1)]
+
+
+def _rung_order(label: str) -> tuple[int, str]:
+    # Bytes per weight decide the order; Q2_0/3 and Q2_0/4 are equal in bytes, /4 the finer.
+    order = ["Q2_0/3", "Q2_0/4", "Q4_0", "Q4_K", "Q5_0", "Q6_K", "Q8_0", "F16"]
+    return (order.index(label) if label in order else len(order), label)
+
+
+def _sweep_summary(sweep: list[Row]) -> str:
+    """The sweep's table and its key=value figures."""
+    print(f"\n{'target_bpw':>10} {'MB':>8} {'top-1':>7} {'KL':>8} {'valid':>6} {'down':>5}  1+1=")
+    violations = down_total = 0
+    previous: Row | None = None
+    for row in sweep:
+        down = 0
+        if previous is not None and previous.chosen and row.chosen:
+            down = sum(1 for name, label in row.chosen.items()
+                       if _rung_order(label) < _rung_order(previous.chosen.get(name, label)))
+        if previous is not None and not (row.error or previous.error) and row.kl > previous.kl + 0.02:
+            violations += 1
+        down_total += down
+        print(f"{row.label.split('=')[-1]:>10} {row.size / 1e6:8.1f} {row.top1:7.3f} {row.kl:8.3f} "
+              f"{'pass' if row.passed else 'fail':>6} {down:>5}  {row.answer.strip()[:24]!r}")
+        previous = row
+    first = next((i for i, row in enumerate(sweep) if row.passed), None)
+    smallest = sweep[first].size / 1e6 if first is not None else math.nan
+    failing_above = sum(1 for row in sweep[first:] if not row.passed) if first is not None else len(sweep)
+    return (f" monotone_violations={violations} sweep_smallest_passing_mb={smallest:.1f} "
+            f"failing_above_passing={failing_above} rungs_down={down_total}")
 
 
 def _bpw(path: Path) -> tuple[float, float, dict[str, tuple[int, int]]]:
@@ -193,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--targets", default="4.5,6.0", help="auto target_bpw values (comma-separated)")
     parser.add_argument("--skip-ours", action="store_true", help="llama.cpp's files only")
+    parser.add_argument("--sweep", default="", help="LO:HI:STEP: auto at every target_bpw in the range")
     args = parser.parse_args(argv)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bonsai-fidelity-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -219,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
             ("auto min_top1=0.6", "auto", {"min_top1": 0.6})]
         targets = [float(t) for t in args.targets.split(",") if t]
         ours += [(f"auto target_bpw={t}", "auto", {"target_bpw": t}) for t in targets]
+        if args.sweep:
+            ours += [(f"sweep target_bpw={t}", "auto", {"target_bpw": t}) for t in _sweep_targets(args.sweep)]
         for label, recipe, options in ours:
             rows.append(_our_file(home, source, label, recipe, options))
     for row in rows:
@@ -244,10 +306,13 @@ def main(argv: list[str] | None = None) -> int:
     plain, gptq = pick("q2_0 plain"), pick("q2_0 gptq")
     smallest = passing.size / 1e6 if passing and passing.answer.strip().startswith("2") else math.nan
     gain = plain.kl / gptq.kl if plain and gptq and gptq.kl > 0 else math.nan
+    sweep = [r for r in rows if r.maker == "ours" and r.label.startswith("sweep ")]
+    swept = _sweep_summary(sweep) if sweep else ""
     print(f"auto_at_q2k_top1={at_q2k.top1 if at_q2k else math.nan:.4f} "
           f"auto_at_q2k_kl={at_q2k.kl if at_q2k else math.nan:.4f} "
           f"q2k_top1={q2k.top1:.4f} q2k_kl={q2k.kl:.4f} "
-          f"smallest_passing_mb={smallest:.1f} q2k_mb={q2k.size / 1e6:.1f} calibrated_kl_gain={gain:.3f}")
+          f"smallest_passing_mb={smallest:.1f} q2k_mb={q2k.size / 1e6:.1f} calibrated_kl_gain={gain:.3f}"
+          + swept)
     return 0
 
 
