@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline.app import views
+from pipeline.app.allocation_diff import allocation_diff
 from pipeline.app.outputs import validation_failed
 from pipeline.app.terminal import markup_safe as safe
 from pipeline.db import repo
@@ -46,9 +47,12 @@ def print_jobs(rt: Runtime, status: str | None, as_json: bool) -> None:
     Console().print(_jobs_table(rows))
 
 
-def print_job(rt: Runtime, job_id: int, as_json: bool) -> None:
+def print_job(rt: Runtime, job_id: int, as_json: bool, against: int | None = None) -> None:
     with session_scope(rt.sessions) as session:
-        detail = views.job_detail(repo.get_job(session, job_id), rt.store)
+        job = repo.get_job(session, job_id)
+        detail = views.job_detail(job, rt.store)
+        if against is not None:
+            detail["allocation_diff"] = allocation_diff(job, repo.get_job(session, against))
     if as_json:
         _dump(detail)
         return
@@ -72,7 +76,24 @@ def print_job(rt: Runtime, job_id: int, as_json: bool) -> None:
         validation = detail["validation"]
         console.print(f"validation: {validation.get('verdict')}  text={safe(repr(validation.get('text')))}",
                       highlight=False)
+    if "allocation_diff" in detail:
+        _print_diff(console, detail["allocation_diff"])
     if validation_failed(detail):
         where = detail["gguf"].get("path") or detail["gguf"]["uri"]
         console.print(f"the packaged GGUF is at {safe(where)}; to take it anyway: "
                       f"bonsai export {detail['id']} --out PATH --force", highlight=False, soft_wrap=True)
+
+
+def _print_diff(console: Console, diff: dict[str, Any]) -> None:
+    if "error" in diff:
+        console.print(f"allocation against job {diff['against']}: {safe(diff['error'])}", highlight=False)
+        return
+    source = "" if diff["same_source"] else " (another source)"
+    console.print(f"allocation against job {diff['against']}{source}: {len(diff['up'])} up, "
+                  f"{len(diff['down'])} down, {diff['unchanged']} unchanged", highlight=False)
+    table = Table("tensor", "was", "now", "moved")
+    for way in ("down", "up"):
+        for row in diff[way]:
+            table.add_row(safe(row["tensor"]), row["from"], row["to"], way)
+    if table.row_count:
+        console.print(table)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Rung", "rung_label", "ladder", "hull", "upgrades", "allocate"]
+__all__ = ["Rung", "rung_label", "rung_rank", "ladder", "hull", "upgrades", "allocate"]
 
 _QK_K, _Q2_0_BLOCK, _LEGACY_BLOCK = 256, 64, 32
 
@@ -46,6 +46,17 @@ class Rung:
 def rung_label(ggml_type: str, levels: int | None) -> str:
     """How a storage choice is named in reports: its type, with Q2_0's levels (``Q2_0/3``)."""
     return f"{ggml_type}/{levels}" if levels else ggml_type
+
+
+def rung_rank(label: str) -> tuple[float, int]:
+    """Where a `Rung.label` stands among storage choices: bits per weight, then Q2_0's levels (the
+    4-level grid costs no more bytes than the ternary one and holds more). ValueError for a type
+    with no known block size."""
+    from pipeline.formats.gguf.types import block_geometry
+
+    ggml_type, _, levels = label.partition("/")
+    block, size = block_geometry(ggml_type)
+    return size * 8 / block, int(levels or 0)
 
 
 def ladder(cols: int, is_linear: bool) -> list[tuple[str, int | None]]:

@@ -133,6 +133,11 @@ def test_submit_list_detail_retry_and_cancel(api: Api) -> None:
     assert api.get("/api/jobs?source=elsewhere").json() == []
     assert api.get("/api/jobs?status=bogus").status_code == 422
     assert api.get("/api/jobs/999").status_code == 404
+    # Against another job: the allocation diff, here an answer that neither job made one.
+    compared = api.get(f"/api/jobs/{job_id}?against={job_id}").json()["allocation_diff"]
+    assert compared["same_source"] and "made no auto allocation" in compared["error"]
+    assert api.get(f"/api/jobs/{job_id}?against=999").status_code == 404
+    assert api.get(f"/api/jobs/{job_id}?against=0").status_code == 422
 
     retried = api.post(f"/api/jobs/{job_id}/retry", {"from_stage": "inspect"})
     assert retried.status_code == 200, retried.text

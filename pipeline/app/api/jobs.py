@@ -16,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from pipeline.app import views
+from pipeline.app.allocation_diff import allocation_diff
 from pipeline.app.api.auth import ApiToken, require_scope
 from pipeline.core.states import JobState, StageName
 from pipeline.db.models import Job
@@ -137,10 +138,21 @@ def submit(request: Request, token: Submitter, body: JobSubmission) -> dict[str,
 
 
 @router.get("/{job_id}", summary="One job: every attempt of every stage, artifacts, validation")
-def detail(request: Request, _token: Reader, job_id: JobId) -> dict[str, Any]:
+def detail(
+    request: Request,
+    _token: Reader,
+    job_id: JobId,
+    against: Annotated[int | None, Query(ge=1, le=2**31 - 1, description=(
+        "Another job: adds allocation_diff, the tensors whose auto-allocated types differ from its, "
+        "and which way"))] = None,
+) -> dict[str, Any]:
     with session_scope(request.app.state.rt.sessions) as session:
+        job = _job_or_404(session, job_id)
         # No store: server paths stay private; artifacts download through /api/artifacts.
-        return views.job_detail(_job_or_404(session, job_id))
+        found = views.job_detail(job)
+        if against is not None:
+            found["allocation_diff"] = allocation_diff(job, _job_or_404(session, against))
+        return found
 
 
 @router.post("/{job_id}/retry", summary="New attempts for a stage and everything after it")

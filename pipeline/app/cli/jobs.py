@@ -87,16 +87,18 @@ def jobs(obj: CliContext, status: str | None, as_json: bool) -> None:
 @cli.command()
 @click.argument("job_id", type=int)
 @click.option("--json", "as_json", is_flag=True)
+@click.option("--against", type=int, default=None, metavar="OTHER",
+              help="also show which tensors' types differ from job OTHER's auto allocation, and which way")
 @click.pass_obj
 @guard
-def show(obj: CliContext, job_id: int, as_json: bool) -> None:
+def show(obj: CliContext, job_id: int, as_json: bool, against: int | None) -> None:
     """One job: stages, every attempt, artifacts and the validation result."""
     from pipeline.app.reports import print_job
 
     why = missing_home(obj)
     if why:
         fail(f"job {job_id} does not exist: {why}")
-    print_job(obj.runtime(), job_id, as_json)
+    print_job(obj.runtime(), job_id, as_json, against)
 
 
 @cli.command(cls=ListsRecipes)

@@ -250,6 +250,8 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
     report_outputs, metrics, warnings = finish_report(DecomposeReport.build(rows, header), workdir)
     if allocation is not None:
         metrics["auto_bpw"] = allocation.spent_bpw
+        # Each tensor's rung, so two jobs' allocations compare from the database (`bonsai show --against`).
+        metrics["auto_types"] = {name: c.chosen for name, c in allocation.candidates.items()}
         searched = allocation.search
         if searched is not None:
             report_outputs.append(_search_plot(searched, workdir))
