@@ -11,7 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult
+from pipeline.stages.base import NO_CLIENTS, InputFile, JobSpec, OutputFile, StageClients, StageResult
+from pipeline.stages.base import every_input as select_inputs
+
+__all__ = ["VERSION", "Params", "make_params", "select_inputs", "cache_identity", "noop_run"]
 
 VERSION = "noop-1"
 
@@ -25,7 +28,7 @@ def make_params(job: JobSpec) -> Params:
     return Params(job.source)
 
 
-def cache_identity(params: Params) -> None:
+def cache_identity(params: Params, clients: StageClients = NO_CLIENTS) -> None:
     return None  # never reuse: the benchmark measures running stages, not cache hits
 
 

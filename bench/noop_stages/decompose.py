@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from bench.noop_stages import VERSION, Params, cache_identity, make_params, noop_run
-from pipeline.stages.base import InputFile, StageResult
+from bench.noop_stages import VERSION, Params, cache_identity, make_params, noop_run, select_inputs
+from pipeline.stages.base import NO_CLIENTS, InputFile, StageClients, StageResult
 
 NAME = "decompose"
-__all__ = ["NAME", "VERSION", "Params", "make_params", "cache_identity", "run"]
+__all__ = ["NAME", "VERSION", "Params", "make_params", "select_inputs", "cache_identity", "run"]
 
 
-def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> StageResult:
+def run(
+    params: Params, inputs: Mapping[str, InputFile], workdir: Path, clients: StageClients = NO_CLIENTS
+) -> StageResult:
     return noop_run(NAME, params, inputs, workdir)

@@ -10,17 +10,19 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from bench.noop_stages import Params, cache_identity, make_params
+from bench.noop_stages import Params, cache_identity, make_params, select_inputs
 from pipeline.core.files import sha256_file
 from pipeline.stages import decompose
-from pipeline.stages.base import InputFile, JobSpec, StageResult
+from pipeline.stages.base import NO_CLIENTS, InputFile, JobSpec, StageClients, StageResult
 
 NAME = "decompose"
 VERSION = "scaling-1"
-__all__ = ["NAME", "VERSION", "Params", "make_params", "cache_identity", "run"]
+__all__ = ["NAME", "VERSION", "Params", "make_params", "select_inputs", "cache_identity", "run"]
 
 
-def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> StageResult:
+def run(
+    params: Params, inputs: Mapping[str, InputFile], workdir: Path, clients: StageClients = NO_CLIENTS
+) -> StageResult:
     folder = Path(os.environ["BENCH_SCALING_CKPT"])
     files = {f"download/{p.name}": InputFile(p.name, p, "", p.stat().st_size)
              for p in sorted((folder / "ckpt").iterdir())}

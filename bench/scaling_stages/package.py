@@ -1,5 +1,5 @@
 """No-op package stage (see bench.noop_stages)."""
 
-from bench.noop_stages.package import NAME, VERSION, Params, cache_identity, make_params, run
+from bench.noop_stages.package import NAME, VERSION, Params, cache_identity, make_params, run, select_inputs
 
-__all__ = ["NAME", "VERSION", "Params", "make_params", "cache_identity", "run"]
+__all__ = ["NAME", "VERSION", "Params", "make_params", "select_inputs", "cache_identity", "run"]

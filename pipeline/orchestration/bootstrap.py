@@ -16,6 +16,7 @@ from pipeline.orchestration.distributed.dispatch import Dispatcher
 from pipeline.orchestration.launcher import CeleryLauncher, EmbeddedLauncher
 from pipeline.orchestration.runtime import Runtime
 from pipeline.provenance.signing import load_private_key
+from pipeline.stages.base import StageClients
 from pipeline.stages.sources import SourcePolicy
 
 __all__ = [
@@ -93,11 +94,11 @@ def build_runtime(settings: Settings) -> Runtime:
         store=build_store(settings),
         work_root=settings.resolved_work_root,
         # The download stage checks local sources against the allowed folders again when it runs.
-        clients={
+        clients=StageClients(
             # The server's token goes only to the repos the operator lists; the rest are fetched anonymously.
-            "hub": HfHubClient(token=settings.hf_token, token_repos=settings.hub_token_repo_list),
-            "source_policy": SourcePolicy.from_roots(settings.source_root_list, allow_any_local=True),
-        },
+            hub=HfHubClient(token=settings.hf_token, token_repos=settings.hub_token_repo_list),
+            source_policy=SourcePolicy.from_roots(settings.source_root_list, allow_any_local=True),
+        ),
         source_roots=settings.source_root_list,
         heartbeat_s=settings.heartbeat_s,
         heartbeat_timeout_s=settings.heartbeat_timeout_s,

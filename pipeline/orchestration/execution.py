@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import inspect
 import json
 import logging
 import os
@@ -40,7 +39,7 @@ from pipeline.orchestration.progression import OUT_OF_MEMORY
 from pipeline.orchestration.recording import plain, record_failure, record_success, reuse_cached
 from pipeline.orchestration.runtime import Runtime
 from pipeline.stages import load_stage
-from pipeline.stages.base import InputFile, JobSpec, StageResult
+from pipeline.stages.base import DigestWitness, InputFile, JobSpec, Stage, StageClients, StageResult
 
 __all__ = ["execute_run", "join_shards", "cache_key", "gather_inputs"]
 
@@ -97,7 +96,7 @@ class _FannedOut:
 class _Claimed:
     """A run this process now owns, with everything needed to carry it out."""
 
-    module: Any
+    module: Stage
     params: Any
     inputs: Mapping[str, InputFile]
     spec: Mapping[str, Any]
@@ -142,7 +141,7 @@ def _carry_out(rt: Runtime, run_id: int, use_cache: bool, captured: AttemptLog) 
     heartbeat = Heartbeat(rt, run_id)
     try:
         with heartbeat, _memory_guard(rt, run_id):
-            result = module.run(params, inputs, workdir, **_clients_for(module.run, _stage_clients(rt)))
+            result = module.run(params, inputs, workdir, _stage_clients(rt))
         with session_scope(rt.sessions) as session:
             _lock_key_of(session, run_id)
             run = _lock_run(session, run_id)
@@ -218,10 +217,9 @@ def _claim(
         return _Claimed(module, params, inputs, _spec(job), stage, job.id, run.attempt)
 
 
-def _selected(module: Any, params: Any, inputs: dict[str, InputFile]) -> Mapping[str, InputFile]:
-    """The upstream outputs the stage reads for these params (all, unless it says otherwise)."""
-    select = getattr(module, "select_inputs", None)
-    return dict(select(params, inputs)) if select is not None else inputs
+def _selected(module: Stage, params: Any, inputs: dict[str, InputFile]) -> Mapping[str, InputFile]:
+    """The upstream outputs the stage reads for these params."""
+    return dict(module.select_inputs(params, inputs))
 
 
 def _spec(job: Job) -> dict[str, Any]:
@@ -276,10 +274,9 @@ def _memory_guard(rt: Runtime, run_id: int) -> contextlib.AbstractContextManager
     return MemoryGuard(cap_bytes, exceeded)
 
 
-def _cache_key_for(module: Any, stage: StageName, params: Any, inputs: Mapping[str, InputFile],
-                   clients: Mapping[str, Any]) -> str | None:
-    identity_of = getattr(module, "cache_identity", None)
-    identity = identity_of(params, **_clients_for(identity_of, clients)) if identity_of else ""
+def _cache_key_for(module: Stage, stage: StageName, params: Any, inputs: Mapping[str, InputFile],
+                   clients: StageClients) -> str | None:
+    identity = module.cache_identity(params, clients)
     if identity is None:
         return None  # the stage says its result cannot be reused (say, a folder that may change)
     return cache_key(stage, module.VERSION, {"params": params, "identity": identity}, inputs)
@@ -303,14 +300,8 @@ def _lock_run(session: Session, run_id: int) -> StageRun:
     ).scalar_one()
 
 
-def _clients_for(func: Any, clients: Mapping[str, Any]) -> dict[str, Any]:
-    accepted = inspect.signature(func).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
-        return dict(clients)
-    return {name: client for name, client in clients.items() if name in accepted}
-
-
-def _stage_clients(rt: Runtime) -> dict[str, Any]:
+def _stage_clients(rt: Runtime) -> StageClients:
     # A store that vouches for the files it wrote spares the checksum stage a second read of them.
-    witness = {"store_witness": rt.store} if hasattr(rt.store, "witnessed") else {}
-    return {**witness, **rt.clients}
+    if rt.clients.store_witness is None and isinstance(rt.store, DigestWitness):
+        return replace(rt.clients, store_witness=rt.store)
+    return rt.clients

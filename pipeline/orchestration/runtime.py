@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from sqlalchemy.orm import Session, sessionmaker
 
 from pipeline.artifacts.store import ArtifactStore
+from pipeline.stages.base import StageClients
 
 __all__ = ["Runtime", "Launcher"]
 
@@ -40,8 +41,8 @@ class Runtime:
     work_root: Path
     # host:pid, so an operator (or a test) can tell which process ran an attempt.
     worker_host: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
-    # Outside-world clients (the hub) passed to the stages whose run() accepts them.
-    clients: Mapping[str, Any] = field(default_factory=dict)
+    # The outside world (the hub, the allowed source folders) every stage's run() is given.
+    clients: StageClients = field(default_factory=StageClients)
     # Seconds between heartbeats of a running stage; the reconciler's timeout is larger.
     heartbeat_s: float = 10.0
     # A running attempt whose heartbeat is older than this is lost (the reconciler's rule); until

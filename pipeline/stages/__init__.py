@@ -1,8 +1,9 @@
-"""The seven stages, each a module with NAME, VERSION, Params, make_params() and run().
+"""The seven stages, each a module that is a `base.Stage`: NAME, VERSION, make_params(),
+select_inputs(), cache_identity() and run().
 
-A stage module may also define ``select_inputs(params, inputs)``: the subset of its upstream
-outputs it reads for these params (decompose reads calibrate's files only when its recipe asks);
-the cache key and the recorded input links cover exactly that subset.
+``select_inputs(params, inputs)`` is the subset of its upstream outputs a stage reads for these
+params (decompose reads calibrate's files only when its recipe asks); the cache key and the
+recorded input links cover exactly that subset.
 
 Modules are imported on first use: torch and llama.cpp load only where a stage needs them.
 """
@@ -10,10 +11,10 @@ Modules are imported on first use: torch and llama.cpp load only where a stage n
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from pipeline.core.states import STAGE_INPUTS, StageName
+from pipeline.stages.base import Stage
 
 __all__ = ["load_stage", "UPSTREAM"]
 
@@ -22,14 +23,13 @@ __all__ = ["load_stage", "UPSTREAM"]
 UPSTREAM = STAGE_INPUTS
 
 
-def load_stage(stage: StageName, package: str = "pipeline.stages") -> ModuleType:
+def load_stage(stage: StageName, package: str = "pipeline.stages") -> Stage:
     """The module implementing `stage`; `package` lets benchmarks swap in no-op stages."""
-    return importlib.import_module(f"{package}.{stage.value}")
+    module: Any = importlib.import_module(f"{package}.{stage.value}")
+    return cast("Stage", module)
 
 
 if TYPE_CHECKING:
     # mypy checks every stage module against the Stage protocol here.
     from pipeline.stages import calibrate, checksum, decompose, download, inspect, package, validate
-    from pipeline.stages.base import Stage
-
     STAGE_MODULES: tuple[Stage, ...] = (download, checksum, inspect, calibrate, decompose, package, validate)

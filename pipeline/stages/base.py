@@ -16,7 +16,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from pipeline.clients.hub import HubClient
+    from pipeline.stages.sources import SourcePolicy
 
 __all__ = [
     "InputFile",
@@ -25,6 +29,10 @@ __all__ = [
     "StageResult",
     "inputs_of",
     "Stage",
+    "StageClients",
+    "NO_CLIENTS",
+    "every_input",
+    "nothing_beyond_params",
     "DigestWitness",
 ]
 
@@ -85,10 +93,13 @@ class JobSpec:
 class Stage(Protocol):
     """What every stage module provides; `pipeline.stages.STAGE_MODULES` is checked against it.
 
-    ``run(params, inputs, workdir, **clients)``: ``params`` from ``make_params``; ``inputs``
-    keyed ``"<stage>/<name>"``; ``workdir`` empty and the stage's own. Stages that use
-    outside-world clients (the hub) take them as keyword arguments; ``cache_identity``, when
-    a stage has one, says what beyond params and inputs decides its result (None: never reuse).
+    ``make_params(job)``: the stage's typed parameters, checked (InputError names the option).
+    ``select_inputs(params, inputs)``: the upstream outputs it reads for these params (the cache
+    key and the recorded input links cover exactly those; `every_input` when it reads them all).
+    ``cache_identity(params, clients)``: what beyond params and inputs decides its result ("" for
+    nothing, `nothing_beyond_params`; None: never reuse). ``run(params, inputs, workdir, clients)``:
+    ``inputs`` keyed ``"<stage>/<name>"``; ``workdir`` empty and the stage's own; ``clients`` the
+    outside world it may use.
     """
 
     NAME: str
@@ -96,7 +107,40 @@ class Stage(Protocol):
 
     def make_params(self, job: JobSpec) -> Any: ...
 
-    def run(self, params: Any, inputs: Mapping[str, InputFile], workdir: Path) -> StageResult: ...
+    def select_inputs(self, params: Any, inputs: Mapping[str, InputFile]) -> Mapping[str, InputFile]: ...
+
+    def cache_identity(self, params: Any, clients: StageClients) -> str | None: ...
+
+    def run(
+        self, params: Any, inputs: Mapping[str, InputFile], workdir: Path, clients: StageClients = ...
+    ) -> StageResult: ...
+
+
+@dataclass(frozen=True)
+class StageClients:
+    """The outside world a stage may use, given by whoever runs it; each stage reads only its own.
+
+    ``hub``: download's model hub (None: an anonymous client). ``source_policy``: the local folders
+    a download may read (None: any). ``store_witness``: checksum's `DigestWitness`, the store that
+    hashed the files it wrote (None: hash every file).
+    """
+
+    hub: HubClient | None = None
+    source_policy: SourcePolicy | None = None
+    store_witness: DigestWitness | None = None
+
+
+NO_CLIENTS = StageClients()
+
+
+def every_input(params: Any, inputs: Mapping[str, InputFile]) -> Mapping[str, InputFile]:
+    """`Stage.select_inputs` of a stage that reads every upstream output it is given."""
+    return inputs
+
+
+def nothing_beyond_params(params: Any, clients: StageClients) -> str | None:
+    """`Stage.cache_identity` of a stage whose result only its params and inputs decide."""
+    return ""
 
 
 class KnownDigest(Protocol):
@@ -104,6 +148,7 @@ class KnownDigest(Protocol):
     size_bytes: int
 
 
+@runtime_checkable
 class DigestWitness(Protocol):
     """Who can vouch for the digest of a file it wrote itself (the artifact store), so nobody hashes
     it twice; passed to the checksum stage as its ``store_witness`` client."""

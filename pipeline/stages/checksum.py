@@ -33,11 +33,24 @@ from typing import Any
 from pipeline.core.errors import InputError, IntegrityError
 from pipeline.formats.manifest import MANIFEST_NAME, FileDigest, Manifest
 from pipeline.formats.sums import SUMS_NAME, parse_sha256sums
-from pipeline.stages.base import DigestWitness, InputFile, JobSpec, OutputFile, StageResult, inputs_of
+from pipeline.stages.base import (
+    NO_CLIENTS,
+    DigestWitness,
+    InputFile,
+    JobSpec,
+    OutputFile,
+    StageClients,
+    StageResult,
+    inputs_of,
+)
+from pipeline.stages.base import every_input as select_inputs
+from pipeline.stages.base import nothing_beyond_params as cache_identity
 
 __all__ = [
     "NAME",
     "VERSION",
+    "select_inputs",
+    "cache_identity",
     "MANIFEST_NAME",
     "SUMS_NAME",
     "FileDigest",
@@ -77,7 +90,7 @@ def run(
     params: Params,
     inputs: Mapping[str, InputFile],
     workdir: Path,
-    **clients: Any,
+    clients: StageClients = NO_CLIENTS,
 ) -> StageResult:
     """Hash every downloaded file, verify against every reference, write ``manifest.json``.
 
@@ -89,7 +102,7 @@ def run(
     if not files:
         raise InputError("checksum: no download/<name> inputs; the download stage produced nothing")
     started = time.perf_counter()
-    digests, hashed_bytes, witnessed_count = _digests(files, clients.get("store_witness"))
+    digests, hashed_bytes, witnessed_count = _digests(files, clients.store_witness)
     hash_seconds = time.perf_counter() - started
 
     problems: list[str] = []

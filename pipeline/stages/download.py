@@ -31,7 +31,8 @@ from typing import Any
 from pipeline.clients.hub import HfHubClient, HubClient, HubFile
 from pipeline.core.errors import InputError, IntegrityError
 from pipeline.core.files import atomic_path, require_free_space, safe_relpath, write_json
-from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult
+from pipeline.stages.base import NO_CLIENTS, InputFile, JobSpec, OutputFile, StageClients, StageResult
+from pipeline.stages.base import every_input as select_inputs
 from pipeline.stages.sources import (
     ACCEPTED_FORMS,
     CHECKPOINT_PATTERNS,
@@ -44,6 +45,7 @@ from pipeline.stages.sources import (
 __all__ = [
     "NAME",
     "VERSION",
+    "select_inputs",
     "HUB_FILES_NAME",
     "Params",
     "cache_identity",
@@ -75,7 +77,7 @@ def make_params(job: JobSpec) -> Params:
     return Params(source=job.source.strip())
 
 
-def cache_identity(params: Params, *, hub: HubClient | None = None) -> str | None:
+def cache_identity(params: Params, clients: StageClients = NO_CLIENTS) -> str | None:
     """What decides the download's result beyond `params`: the commit a hub revision points to now.
 
     A moved branch thus gives a new cache key. None (never reuse) for local folders and files:
@@ -86,7 +88,7 @@ def cache_identity(params: Params, *, hub: HubClient | None = None) -> str | Non
     if source.kind != "hub":
         return None
     assert source.repo_id is not None
-    client: HubClient = hub or HfHubClient()
+    client: HubClient = clients.hub or HfHubClient()
     return f"hub:{source.repo_id}@{client.resolve_revision(source.repo_id, source.revision)}"
 
 
@@ -94,22 +96,22 @@ def run(
     params: Params,
     inputs: Mapping[str, InputFile],
     workdir: Path,
-    **clients: Any,
+    clients: StageClients = NO_CLIENTS,
 ) -> StageResult:
     """Materialise the source's files under ``workdir/snapshot``.
 
-    Clients: ``hub`` (a `HubClient`; default `HfHubClient()`), used only for hub sources.
+    Clients: ``hub`` (default `HfHubClient()`), used only for hub sources; ``source_policy``.
     Raises InputError (missing source, unknown repo/revision, hostile names), TransientError
     (hub unreachable or 5xx) and IntegrityError (a file changed size while being copied).
     """
-    policy: SourcePolicy = clients.get("source_policy") or SourcePolicy(allow_any_local=True)
+    policy = clients.source_policy or SourcePolicy(allow_any_local=True)
     # Checked again here, not only at submit: a symlink may have moved since.
     source = policy.check(params.source)
     metrics: dict[str, Any] = {"source_kind": source.kind}
     hub_files: list[HubFile] | None = None
     if source.kind == "hub":
         assert source.repo_id is not None
-        hub: HubClient = clients.get("hub") or HfHubClient()
+        hub: HubClient = clients.hub or HfHubClient()
         commit_sha = hub.resolve_revision(source.repo_id, source.revision)
         logger.info("download: %s@%s resolved to %s", source.repo_id, source.revision or "main", commit_sha)
         hub_files = hub.list_files_with_sha256(source.repo_id, commit_sha)

@@ -68,7 +68,7 @@ def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
                         api_tokens=",".join(entry for _, entry in TOKENS.values()))
     base = build_runtime(settings)
     hub = HfHubClient(cache_dir=tmp_path / "hub", is_offline=True, token=f"hf_{SECRET}", token_repos=())
-    rt = with_launcher(replace(base, clients={**base.clients, "hub": hub}), settings)
+    rt = with_launcher(replace(base, clients=replace(base.clients, hub=hub)), settings)
     app = create_app(settings, rt)
     with TestClient(app) as client:
         yield Server(client, app, tmp_path)

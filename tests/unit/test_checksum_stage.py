@@ -11,7 +11,7 @@ import pytest
 from pipeline.core.errors import InputError, IntegrityError
 from pipeline.formats.sums import parse_sha256sums
 from pipeline.stages import checksum
-from pipeline.stages.base import InputFile
+from pipeline.stages.base import InputFile, StageClients
 
 
 def _sha(data: bytes) -> str:
@@ -172,7 +172,7 @@ def test_files_the_store_wrote_are_not_read_again_unless_changed(tmp_path: Path)
         inputs[f"download/{name}"] = InputFile(name, store.path(stored.sha256), stored.sha256, len(data))
     work = tmp_path / "work"
     work.mkdir()
-    result = checksum.run(checksum.make_params(None), inputs, work, store_witness=store)  # type: ignore[arg-type]
+    result = checksum.run(checksum.make_params(None), inputs, work, StageClients(store_witness=store))
     assert result.metrics["witnessed_count"] == len(FILES) and result.metrics["hashed_bytes"] == 0
     names = json.loads(result.outputs[0].path.read_text())["files"]
     assert [f["sha256"] for f in names] == [_sha(data) for _, data in sorted(FILES.items())]
@@ -182,4 +182,4 @@ def test_files_the_store_wrote_are_not_read_again_unless_changed(tmp_path: Path)
     os.chmod(tampered, 0o644)
     tampered.write_bytes(b"[]")
     with pytest.raises(IntegrityError, match="config.json.*stored copy corrupted"):
-        checksum.run(checksum.make_params(None), inputs, tmp_path / "work", store_witness=store)  # type: ignore[arg-type]
+        checksum.run(checksum.make_params(None), inputs, tmp_path / "work", StageClients(store_witness=store))

@@ -12,7 +12,7 @@ import pytest
 from pipeline.clients.hub import HubFile
 from pipeline.core.errors import InputError, TransientError
 from pipeline.stages import download
-from pipeline.stages.base import JobSpec
+from pipeline.stages.base import JobSpec, StageClients
 from pipeline.stages.sources import SourceSpec, parse_source
 
 SHA = "fedcba9876543210fedcba9876543210fedcba98"
@@ -58,7 +58,7 @@ def _folder(root: Path) -> Path:
 
 def _run(source: str, work: Path, **clients: object) -> download.StageResult:
     work.mkdir(exist_ok=True)
-    return download.run(download.make_params(JobSpec(source=source)), {}, work, **clients)
+    return download.run(download.make_params(JobSpec(source=source)), {}, work, StageClients(**clients))
 
 
 def test_local_folder(tmp_path: Path) -> None:
@@ -225,6 +225,7 @@ def test_hub_snapshot_symlinks_may_point_into_blobs_only(tmp_path: Path) -> None
 def test_cache_identity_pins_hub_commit_and_never_reuses_local(tmp_path: Path) -> None:
     src = _folder(tmp_path)
     hub = FakeHub(src)
-    assert download.cache_identity(download.Params("acme/llama@main"), hub=hub) == f"hub:acme/llama@{SHA}"
-    assert download.cache_identity(download.Params(str(src)), hub=hub) is None
+    clients = StageClients(hub=hub)
+    assert download.cache_identity(download.Params("acme/llama@main"), clients) == f"hub:acme/llama@{SHA}"
+    assert download.cache_identity(download.Params(str(src)), clients) is None
     assert hub.calls == [("resolve", "acme/llama", "main")]

@@ -14,7 +14,7 @@ import pytest
 from pipeline.clients.hub import HfHubClient, HubFile, is_commit_sha
 from pipeline.core.errors import InputError, TransientError, UnreachableError
 from pipeline.stages import checksum, download
-from pipeline.stages.base import InputFile, JobSpec
+from pipeline.stages.base import InputFile, JobSpec, StageClients
 from pipeline.stages.sources import is_checkpoint_file
 from tests.support.hub_cache import COMMIT, REPO, build_hub_cache
 
@@ -78,7 +78,8 @@ def test_download_stage_from_offline_cache_then_checksum(tmp_path: Path) -> None
     hub = HfHubClient(cache_dir=cache, is_offline=True)
     work = tmp_path / "work"
     work.mkdir()
-    result = download.run(download.make_params(JobSpec(source=f"{REPO}@main")), {}, work, hub=hub)
+    params = download.make_params(JobSpec(source=f"{REPO}@main"))
+    result = download.run(params, {}, work, StageClients(hub=hub))
 
     names = {o.name: o for o in result.outputs}
     # The sub-folder's tokenizer is not a checkpoint file: listed as left out, never fetched or stored.
@@ -105,7 +106,7 @@ def test_download_stage_from_offline_cache_then_checksum(tmp_path: Path) -> None
 def test_download_stage_unknown_repo_offline(tmp_path: Path) -> None:
     hub = HfHubClient(cache_dir=tmp_path, is_offline=True)
     with pytest.raises(InputError, match="acme/missing"):
-        download.run(download.Params("acme/missing"), {}, tmp_path, hub=hub)
+        download.run(download.Params("acme/missing"), {}, tmp_path, StageClients(hub=hub))
 
 
 def test_incomplete_snapshot_offline_is_input_error(tmp_path: Path) -> None:

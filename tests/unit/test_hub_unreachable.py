@@ -23,6 +23,7 @@ from pipeline.orchestration.bootstrap import build_runtime
 from pipeline.orchestration.embedded import run_job
 from pipeline.orchestration.runtime import Runtime
 from pipeline.stages import download
+from pipeline.stages.base import StageClients
 from tests.support.hub_cache import COMMIT, REPO, build_hub_cache
 
 
@@ -81,7 +82,7 @@ def test_unreachable_hub_with_a_cached_copy_downloads_from_the_cache(tmp_path: P
     hub = HfHubClient(cache_dir=cache)
     work = tmp_path / "work"
     work.mkdir()
-    result = download.run(download.Params(REPO), {}, work, hub=hub)
+    result = download.run(download.Params(REPO), {}, work, StageClients(hub=hub))
     assert result.metrics["resolved_revision"] == COMMIT
     assert result.metrics["hub_sha256_count"] == 1  # the cached listing of the commit, not an empty one
     assert (work / "snapshot" / "model.safetensors").read_bytes() == files["model.safetensors"]
@@ -89,7 +90,7 @@ def test_unreachable_hub_with_a_cached_copy_downloads_from_the_cache(tmp_path: P
 
 def test_job_fails_once_with_the_fix_not_three_times(tmp_path: Path, closed_hub: str) -> None:
     base = build_runtime(Settings(home=tmp_path / "home", retry_base_s=0.01, max_attempts=3))
-    rt = Runtime(**{**base.__dict__, "clients": {"hub": HfHubClient(cache_dir=tmp_path / "cache")}})
+    rt = Runtime(**{**base.__dict__, "clients": StageClients(hub=HfHubClient(cache_dir=tmp_path / "cache"))})
     with session_scope(rt.sessions) as session:
         job_id = repo.create_job(session, "Qwen/Qwen2.5-0.5B", "tq2_0").id
     assert run_job(rt, job_id) is JobState.FAILED

@@ -19,6 +19,7 @@ from pipeline.orchestration.bootstrap import build_runtime
 from pipeline.orchestration.embedded import run_job
 from pipeline.orchestration.job_control import cancel_job, read_manifest, retry_job
 from pipeline.orchestration.runtime import Runtime
+from pipeline.stages.base import StageClients
 
 
 class FlakyHub:
@@ -41,7 +42,7 @@ class FlakyHub:
 
 def _runtime(tmp_path: Path, **clients: object) -> Runtime:
     rt = build_runtime(Settings(home=tmp_path / "home", retry_base_s=0.01, max_attempts=3))
-    return Runtime(**{**rt.__dict__, "clients": clients or rt.clients})
+    return Runtime(**{**rt.__dict__, "clients": StageClients(**clients) if clients else rt.clients})
 
 
 def _submit(rt: Runtime, source: str) -> int:

@@ -22,6 +22,7 @@ from pipeline.orchestration.bootstrap import build_runtime
 from pipeline.orchestration.embedded import run_job
 from pipeline.orchestration.job_control import retry_job
 from pipeline.orchestration.runtime import Runtime
+from pipeline.stages.base import StageClients
 
 
 def _line(job_id: int, status: str, stage: str | None, attempt: int | None, retries: int = 0,
@@ -80,7 +81,7 @@ class DownHub:
 
 def _runtime(tmp_path: Path, **clients: object) -> Runtime:
     rt = build_runtime(Settings(home=tmp_path / "home", retry_base_s=0.01, max_attempts=2))
-    return Runtime(**{**rt.__dict__, "clients": clients or rt.clients})
+    return Runtime(**{**rt.__dict__, "clients": StageClients(**clients) if clients else rt.clients})
 
 
 def test_snapshot_counts_retries_of_a_real_job(tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pipeline.stages.base import every_input as select_inputs
+from pipeline.stages.base import nothing_beyond_params as cache_identity
 from pipeline.stages.calibrate.stage import NAME, VERSION, Params, make_params, run
 
-__all__ = ["NAME", "VERSION", "Params", "make_params", "run"]
+__all__ = ["NAME", "VERSION", "Params", "make_params", "select_inputs", "cache_identity", "run"]

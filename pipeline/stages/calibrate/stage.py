@@ -48,7 +48,7 @@ from pipeline.calibration.sequences import TokenSequences
 from pipeline.calibration.text import text_sha256
 from pipeline.core.errors import InputError, IntegrityError
 from pipeline.formats.model_card import CARD_NAME, ModelCard
-from pipeline.stages.base import InputFile, OutputFile, StageResult, inputs_of
+from pipeline.stages.base import NO_CLIENTS, InputFile, OutputFile, StageClients, StageResult, inputs_of
 from pipeline.stages.calibrate.params import Params, make_params
 from pipeline.ternary.policy import LINEAR_KINDS
 
@@ -135,7 +135,9 @@ def _collect(
     return builder, outputs, metrics, report.notes
 
 
-def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> StageResult:
+def run(
+    params: Params, inputs: Mapping[str, InputFile], workdir: Path, clients: StageClients = NO_CLIENTS
+) -> StageResult:
     """Run the source; write reference.npz (and imatrix.gguf, gram/*). Raises InputError for a source
     that cannot be written as GGUF, IntegrityError when llama.cpp cannot run it."""
     started = time.monotonic()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pipeline.stages.base import nothing_beyond_params as cache_identity
 from pipeline.stages.decompose.stage import (
     NAME,
     PART_FORMAT,
@@ -20,6 +21,8 @@ __all__ = [
     "PART_FORMAT",
     "Params",
     "make_params",
+    "cache_identity",
+
     "select_inputs",
     "run",
     "read_part_index",

@@ -31,7 +31,15 @@ from pipeline.formats.decompose_report import (
 )
 from pipeline.formats.model_card import CARD_NAME, ModelCard
 from pipeline.formats.parts import PART_FORMAT, part_name
-from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult, inputs_of
+from pipeline.stages.base import (
+    NO_CLIENTS,
+    InputFile,
+    JobSpec,
+    OutputFile,
+    StageClients,
+    StageResult,
+    inputs_of,
+)
 from pipeline.stages.decompose.calibration import load_calibration, wanted_input
 from pipeline.stages.decompose.merge import finish_report
 from pipeline.ternary.policy import AUTO, Recipe, decide, get_recipe, importance_for
@@ -196,7 +204,9 @@ def _peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> StageResult:
+def run(
+    params: Params, inputs: Mapping[str, InputFile], workdir: Path, clients: StageClients = NO_CLIENTS
+) -> StageResult:
     """Decompose every shard (or ``params.shards``) into part files, then write the report and plot.
 
     Raises InputError for a missing card or shard, an unsupported model (from the tensor plan),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pipeline.stages.base import every_input as select_inputs
+from pipeline.stages.base import nothing_beyond_params as cache_identity
 from pipeline.stages.inspect.stage import (
     CARD_NAME,
     NAME,
@@ -19,5 +21,8 @@ __all__ = [
     "SUPPORTED_ARCHITECTURES",
     "Params",
     "make_params",
+    "select_inputs",
+    "cache_identity",
+
     "run",
 ]

@@ -26,12 +26,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pipeline.core.errors import InputError, IntegrityError
 from pipeline.formats.manifest import Manifest
 from pipeline.formats.model_card import CARD_NAME
-from pipeline.stages.base import InputFile, JobSpec, OutputFile, StageResult, inputs_of
+from pipeline.stages.base import (
+    NO_CLIENTS,
+    InputFile,
+    JobSpec,
+    OutputFile,
+    StageClients,
+    StageResult,
+    inputs_of,
+)
 from pipeline.stages.inspect.gguf_card import gguf_card
 from pipeline.stages.inspect.safetensors_card import SUPPORTED_ARCHITECTURES, safetensors_card
 
@@ -65,7 +72,7 @@ def run(
     params: Params,
     inputs: Mapping[str, InputFile],
     workdir: Path,
-    **clients: Any,
+    clients: StageClients = NO_CLIENTS,
 ) -> StageResult:
     """Validate the snapshot and write ``model_card.json``.
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pipeline.formats.model_card import CARD_NAME, ModelCard
-from pipeline.stages.base import InputFile, JobSpec, StageResult, inputs_of
+from pipeline.stages.base import NO_CLIENTS, InputFile, JobSpec, StageClients, StageResult, inputs_of
 from pipeline.stages.package.common import OUTPUT_NAME, Params, require
 from pipeline.stages.package.gguf_source import package_gguf_source
 from pipeline.stages.package.hf import package_hf_source
@@ -35,7 +35,9 @@ def make_params(job: JobSpec) -> Params:
     return Params(model_name=name, source=job.source, recipe=job.recipe)
 
 
-def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> StageResult:
+def run(
+    params: Params, inputs: Mapping[str, InputFile], workdir: Path, clients: StageClients = NO_CLIENTS
+) -> StageResult:
     """Write and verify ``model.gguf``; raises InputError / IntegrityError naming the culprit."""
     download, inspect = inputs_of(inputs, "download"), inputs_of(inputs, "inspect")
     card_file = inspect.get(CARD_NAME)

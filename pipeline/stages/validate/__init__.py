@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pipeline.stages.base import every_input as select_inputs
+from pipeline.stages.base import nothing_beyond_params as cache_identity
 from pipeline.stages.validate.stage import (
     DEFAULT_AGREEMENT_TEXT,
     NAME,
@@ -22,6 +24,9 @@ __all__ = [
     "Check",
     "ValidationFailed",
     "make_params",
+    "select_inputs",
+    "cache_identity",
+
     "run",
     "repetition_of",
     "first_answer",

@@ -44,7 +44,7 @@ from pipeline.core.errors import InputError, IntegrityError
 from pipeline.core.verdicts import Verdict
 from pipeline.formats.decompose_report import REPORT_NAME as DECOMPOSE_REPORT
 from pipeline.formats.decompose_report import DecomposeReport
-from pipeline.stages.base import InputFile, OutputFile, StageResult
+from pipeline.stages.base import NO_CLIENTS, InputFile, OutputFile, StageClients, StageResult
 from pipeline.stages.validate import file_checks
 from pipeline.stages.validate.judge import (
     Check,
@@ -174,7 +174,9 @@ def _checks(
     return checks, side
 
 
-def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> StageResult:
+def run(
+    params: Params, inputs: Mapping[str, InputFile], workdir: Path, clients: StageClients = NO_CLIENTS
+) -> StageResult:
     """Judge ``package/model.gguf``; writes validation.json, raises ValidationFailed on any failed check."""
     from pipeline.formats.gguf.readback import inspect_gguf
 

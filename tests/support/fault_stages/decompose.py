@@ -8,11 +8,11 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from pipeline.stages.base import InputFile, StageResult
-from pipeline.stages.decompose import NAME, VERSION, Params, make_params
+from pipeline.stages.base import NO_CLIENTS, InputFile, StageClients, StageResult
+from pipeline.stages.decompose import NAME, VERSION, Params, cache_identity, make_params, select_inputs
 from pipeline.stages.decompose import run as real_run
 
-__all__ = ["NAME", "VERSION", "Params", "make_params", "run"]
+__all__ = ["NAME", "VERSION", "Params", "make_params", "select_inputs", "cache_identity", "run"]
 
 _CHUNK_BYTES = 64 << 20
 _MAX_HOG_BYTES = 6 << 30  # never past this, whatever happens
@@ -28,7 +28,9 @@ def _hog() -> None:
     raise RuntimeError("the memory hog reached its own limit without being stopped")
 
 
-def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> StageResult:
+def run(
+    params: Params, inputs: Mapping[str, InputFile], workdir: Path, clients: StageClients = NO_CLIENTS
+) -> StageResult:
     fault = os.environ.get("BONSAI_TEST_DECOMPOSE_FAULT", "")
     if fault.startswith("delay:"):
         time.sleep(float(fault.split(":", 1)[1]))
@@ -36,4 +38,4 @@ def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> Stage
         _hog()
     elif fault == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
-    return real_run(params, inputs, workdir)
+    return real_run(params, inputs, workdir, clients)

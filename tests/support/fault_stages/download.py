@@ -1,5 +1,5 @@
 """The real download stage."""
 
-from pipeline.stages.download import NAME, VERSION, Params, cache_identity, make_params, run
+from pipeline.stages.download import NAME, VERSION, Params, cache_identity, make_params, run, select_inputs
 
-__all__ = ["NAME", "VERSION", "Params", "make_params", "run", "cache_identity"]
+__all__ = ["NAME", "VERSION", "Params", "make_params", "select_inputs", "cache_identity", "run"]

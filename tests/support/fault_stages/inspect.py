@@ -1,5 +1,5 @@
 """The real inspect stage."""
 
-from pipeline.stages.inspect import NAME, VERSION, Params, make_params, run
+from pipeline.stages.inspect import NAME, VERSION, Params, cache_identity, make_params, run, select_inputs
 
-__all__ = ["NAME", "VERSION", "Params", "make_params", "run"]
+__all__ = ["NAME", "VERSION", "Params", "make_params", "select_inputs", "cache_identity", "run"]

@@ -8,15 +8,17 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from pipeline.stages.base import InputFile, StageResult
-from pipeline.stages.package import NAME, VERSION, Params, make_params
+from pipeline.stages.base import NO_CLIENTS, InputFile, StageClients, StageResult
+from pipeline.stages.package import NAME, VERSION, Params, cache_identity, make_params, select_inputs
 from pipeline.stages.package import run as real_run
 
-__all__ = ["NAME", "VERSION", "Params", "make_params", "run"]
+__all__ = ["NAME", "VERSION", "Params", "make_params", "select_inputs", "cache_identity", "run"]
 
 
-def run(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> StageResult:
+def run(
+    params: Params, inputs: Mapping[str, InputFile], workdir: Path, clients: StageClients = NO_CLIENTS
+) -> StageResult:
     fault = os.environ.get("BONSAI_TEST_PACKAGE_FAULT", "")
     if fault.startswith("delay:"):
         time.sleep(float(fault.split(":", 1)[1]))
-    return real_run(params, inputs, workdir)
+    return real_run(params, inputs, workdir, clients)
