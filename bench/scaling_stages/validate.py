@@ -1,5 +1,14 @@
 """No-op validate stage (see bench.noop_stages)."""
 
-from bench.noop_stages.validate import NAME, VERSION, Params, cache_identity, make_params, run, select_inputs
+from bench.noop_stages.validate import (
+    FANOUT,
+    NAME,
+    VERSION,
+    Params,
+    cache_identity,
+    make_params,
+    run,
+    select_inputs,
+)
 
-__all__ = ["NAME", "VERSION", "Params", "make_params", "select_inputs", "cache_identity", "run"]
+__all__ = ["NAME", "VERSION", "FANOUT", "Params", "make_params", "select_inputs", "cache_identity", "run"]

@@ -179,8 +179,8 @@ def _claim(
         try:
             module = load_stage(stage, rt.stage_package)
             params = module.make_params(JobSpec(job.source, job.recipe, job.params))
-            if run.shard:
-                params = replace(params, shards=(run.shard,))
+            if run.shard and module.FANOUT is not None:
+                params = module.FANOUT.for_shard(params, run.shard)
             inputs = _selected(module, params, gather_inputs(session, rt.store, job, stage))
             key = _cache_key_for(module, stage, params, inputs, rt.clients)
         except SQLAlchemyError:
@@ -210,10 +210,10 @@ def _claim(
                 return session.get_one(StageRun, run_id).status
         run.cache_key = key
         if not run.shard and rt.fanout_dispatch is not None:
-            shards = fanout.shards_to_fan_out(stage, inputs)
+            shards = fanout.shards_to_fan_out(module, params, inputs)
             if shards:
                 log.info("job %s stage %s: fanning out over %d shards", job.id, stage.value, len(shards))
-                return _FannedOut(fanout.spawn_children(session, run, shards))
+                return _FannedOut(fanout.spawn_children(session, run, list(shards)))
         return _Claimed(module, params, inputs, _spec(job), stage, job.id, run.attempt)
 
 

@@ -22,18 +22,16 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from pipeline.core.states import LinkDirection, StageName, StageState
+from pipeline.core.errors import IntegrityError
+from pipeline.core.states import LinkDirection, StageState
 from pipeline.db import repo
 from pipeline.db.models import StageRun
-from pipeline.formats.model_card import ModelCard
-from pipeline.stages.base import InputFile, OutputFile, StageResult
+from pipeline.stages.base import InputFile, ShardOutput, Stage
 
 __all__ = [
-    "FANOUT_STAGES", "JoinOutcome", "shards_to_fan_out", "spawn_children", "latest_children", "settle_parent",
+    "JoinOutcome", "shards_to_fan_out", "spawn_children", "latest_children", "settle_parent",
 ]
 
-# Stages whose Params take `shards`, and so can run one shard per worker.
-FANOUT_STAGES = frozenset({StageName.DECOMPOSE})
 _ACTIVE = (StageState.PENDING, StageState.QUEUED, StageState.RUNNING)
 
 
@@ -45,13 +43,9 @@ class JoinOutcome:
     parent_state: StageState | None = None
 
 
-def shards_to_fan_out(stage: StageName, inputs: Mapping[str, InputFile]) -> list[str]:
-    """The card's shards when `stage` can fan out over two or more of them, else []."""
-    card_file = inputs.get("inspect/model_card.json")
-    if stage not in FANOUT_STAGES or card_file is None:
-        return []
-    shards = ModelCard.load(card_file.path, "inspect/model_card.json").shards
-    return [str(shard) for shard in shards] if len(shards) >= 2 else []
+def shards_to_fan_out(module: Stage, params: Any, inputs: Mapping[str, InputFile]) -> tuple[str, ...]:
+    """The shards the stage runs side by side for these params and inputs (its `FanOut`), else ()."""
+    return module.FANOUT.shards(params, inputs) if module.FANOUT is not None else ()
 
 
 def spawn_children(session: Session, parent: StageRun, shards: list[str]) -> list[int]:
@@ -114,12 +108,14 @@ def settle_parent(session: Session, store: Any, parent_id: int, max_attempts: in
 def _merge_into(
     store: Any, parent: StageRun, children: list[StageRun], record: Any, session: Session
 ) -> None:
-    # Imported here: the decompose package loads torch, which `bonsai convert` needs only in that stage.
-    from pipeline.stages.decompose.merge import REPORT_NAME, merge_part_reports
+    # Loaded here: the decompose package loads torch, which `bonsai convert` needs only in that stage.
+    from pipeline.stages import load_stage
 
+    fan_out = load_stage(parent.stage).FANOUT
+    if fan_out is None:
+        raise IntegrityError(f"stage {parent.stage} has shard runs but does not fan out; retry the stage")
     inputs: dict[str, InputFile] = {}
-    parts: list[OutputFile] = []
-    reports: list[Path] = []
+    outputs: list[ShardOutput] = []
     for child in children:
         for link in child.links:
             if link.direction != LinkDirection.OUT:
@@ -127,16 +123,9 @@ def _merge_into(
             item = InputFile(link.name, store.path(link.artifact_sha256), link.artifact_sha256,
                              link.artifact.size_bytes)
             inputs[f"{parent.stage}[{child.shard}]/{link.name}"] = item
-            if link.name == REPORT_NAME:
-                reports.append(item.path)
-            elif link.artifact.kind == "ternary-part":
-                parts.append(OutputFile(link.name, item.path, link.artifact.kind, link.artifact.media_type,
-                                        sha256=link.artifact_sha256))
+            outputs.append(ShardOutput(child.shard, item, link.artifact.kind, link.artifact.media_type))
     workdir = Path(tempfile.mkdtemp(prefix=f"join-run{parent.id}-"))
     try:
-        merged = merge_part_reports(reports, [child.shard for child in children], workdir)
-        result = StageResult(outputs=(*parts, *merged.outputs), metrics=merged.metrics,
-                             warnings=merged.warnings)
-        record(session, parent, inputs, result)
+        record(session, parent, inputs, fan_out.join(outputs, [child.shard for child in children], workdir))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -18,13 +18,13 @@ from sqlalchemy.orm import Session
 from pipeline.artifacts.activity import current_activity
 from pipeline.artifacts.store import ArtifactStore, put_all
 from pipeline.core.errors import error_kind
-from pipeline.core.states import LinkDirection, StageName, StageState
+from pipeline.core.states import LinkDirection, StageState
 from pipeline.db import repo
 from pipeline.db.models import StageRun, utcnow
 from pipeline.orchestration.runtime import Runtime
 from pipeline.provenance import signing
 from pipeline.provenance import statements as provenance
-from pipeline.stages.base import InputFile, StageResult
+from pipeline.stages.base import SOURCE_REVISION_METRIC, InputFile, StageResult
 
 __all__ = ["plain", "reuse_cached", "record_success", "record_failure", "jsonable"]
 
@@ -122,8 +122,8 @@ def record_success(
 
 
 def _note_revision(run: StageRun, metrics: Mapping[str, Any]) -> None:
-    if run.stage == StageName.DOWNLOAD.value and metrics.get("resolved_revision"):
-        run.job.resolved_revision = str(metrics["resolved_revision"])
+    if metrics.get(SOURCE_REVISION_METRIC):
+        run.job.resolved_revision = str(metrics[SOURCE_REVISION_METRIC])
 
 
 

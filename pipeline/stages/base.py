@@ -13,7 +13,7 @@ Input and output files carry a logical *name*: a relative POSIX path such as
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -27,9 +27,12 @@ __all__ = [
     "JobSpec",
     "OutputFile",
     "StageResult",
+    "SOURCE_REVISION_METRIC",
     "inputs_of",
     "Stage",
     "StageClients",
+    "FanOut",
+    "ShardOutput",
     "NO_CLIENTS",
     "every_input",
     "nothing_beyond_params",
@@ -60,6 +63,11 @@ class OutputFile:
     kind: str
     media_type: str = "application/octet-stream"
     sha256: str | None = None
+
+
+# The metric by which a stage tells the job what its source resolved to (download: a hub revision's
+# commit); recorded on the job, from a fresh run or a reused one alike.
+SOURCE_REVISION_METRIC = "resolved_revision"
 
 
 @dataclass(frozen=True)
@@ -99,7 +107,7 @@ class Stage(Protocol):
     ``cache_identity(params, clients)``: what beyond params and inputs decides its result ("" for
     nothing, `nothing_beyond_params`; None: never reuse). ``run(params, inputs, workdir, clients)``:
     ``inputs`` keyed ``"<stage>/<name>"``; ``workdir`` empty and the stage's own; ``clients`` the
-    outside world it may use.
+    outside world it may use. ``FANOUT``: how it runs one shard per worker (`FanOut`), or None.
     """
 
     NAME: str
@@ -114,6 +122,34 @@ class Stage(Protocol):
     def run(
         self, params: Any, inputs: Mapping[str, InputFile], workdir: Path, clients: StageClients = ...
     ) -> StageResult: ...
+
+    @property
+    def FANOUT(self) -> FanOut | None: ...  # noqa: N802 - a module constant, as the stages spell it
+
+
+@dataclass(frozen=True)
+class ShardOutput:
+    """One file a shard's run wrote, as the join sees it: where it is stored and what it is."""
+
+    shard: str
+    file: InputFile
+    kind: str
+    media_type: str
+
+
+@dataclass(frozen=True)
+class FanOut:
+    """How a stage runs one source shard per worker and joins the shards into one result.
+
+    ``shards(params, inputs)``: the shards to run side by side (empty: run it whole).
+    ``for_shard(params, shard)``: the params of one shard's run. ``join(outputs, shards, workdir)``:
+    the stage's result from every shard's outputs (in shard order); an output passed through
+    keeps its ``sha256`` so the store does not read it again.
+    """
+
+    shards: Callable[[Any, Mapping[str, InputFile]], tuple[str, ...]]
+    for_shard: Callable[[Any, str], Any]
+    join: Callable[[Sequence[ShardOutput], Sequence[str], Path], StageResult]
 
 
 @dataclass(frozen=True)

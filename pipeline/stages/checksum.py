@@ -49,6 +49,7 @@ from pipeline.stages.base import nothing_beyond_params as cache_identity
 __all__ = [
     "NAME",
     "VERSION",
+    "FANOUT",
     "select_inputs",
     "cache_identity",
     "MANIFEST_NAME",
@@ -59,6 +60,9 @@ __all__ = [
     "make_params",
     "run",
 ]
+
+# Runs whole: no fan-out by shard.
+FANOUT = None
 
 NAME = "checksum"
 VERSION = "1"

@@ -31,7 +31,15 @@ from typing import Any
 from pipeline.clients.hub import HfHubClient, HubClient, HubFile
 from pipeline.core.errors import InputError, IntegrityError
 from pipeline.core.files import atomic_path, require_free_space, safe_relpath, write_json
-from pipeline.stages.base import NO_CLIENTS, InputFile, JobSpec, OutputFile, StageClients, StageResult
+from pipeline.stages.base import (
+    NO_CLIENTS,
+    SOURCE_REVISION_METRIC,
+    InputFile,
+    JobSpec,
+    OutputFile,
+    StageClients,
+    StageResult,
+)
 from pipeline.stages.base import every_input as select_inputs
 from pipeline.stages.sources import (
     ACCEPTED_FORMS,
@@ -45,6 +53,7 @@ from pipeline.stages.sources import (
 __all__ = [
     "NAME",
     "VERSION",
+    "FANOUT",
     "select_inputs",
     "HUB_FILES_NAME",
     "Params",
@@ -52,6 +61,9 @@ __all__ = [
     "make_params",
     "run",
 ]
+
+# Runs whole: no fan-out by shard.
+FANOUT = None
 
 NAME = "download"
 VERSION = "1"
@@ -124,7 +136,7 @@ def run(
         metrics.update(
             repo_id=source.repo_id,
             requested_revision=source.revision or "main",
-            resolved_revision=commit_sha,
+            **{SOURCE_REVISION_METRIC: commit_sha},
         )
     elif source.kind == "gguf":
         assert source.path is not None
@@ -289,7 +301,7 @@ def _write_hub_files(workdir: Path, metrics: Mapping[str, Any], hub_files: list[
         safe_relpath(item.name)
     document = {
         "repo_id": metrics["repo_id"],
-        "revision": metrics["resolved_revision"],
+        "revision": metrics[SOURCE_REVISION_METRIC],
         "files": [
             {"name": item.name, "size_bytes": item.size_bytes, "sha256": item.sha256}
             for item in sorted(hub_files, key=lambda entry: entry.name)

@@ -6,4 +6,7 @@ from pipeline.stages.base import every_input as select_inputs
 from pipeline.stages.base import nothing_beyond_params as cache_identity
 from pipeline.stages.calibrate.stage import NAME, VERSION, Params, make_params, run
 
-__all__ = ["NAME", "VERSION", "Params", "make_params", "select_inputs", "cache_identity", "run"]
+__all__ = ["NAME", "VERSION", "FANOUT", "Params", "make_params", "select_inputs", "cache_identity", "run"]
+
+# Runs whole: no fan-out by shard.
+FANOUT = None

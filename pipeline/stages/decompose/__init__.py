@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pipeline.stages.base import nothing_beyond_params as cache_identity
 from pipeline.stages.decompose.stage import (
+    FANOUT,
     NAME,
     PART_FORMAT,
     VERSION,
@@ -17,6 +18,7 @@ from pipeline.stages.decompose.stage import (
 
 __all__ = [
     "NAME",
+    "FANOUT",
     "VERSION",
     "PART_FORMAT",
     "Params",

@@ -1,25 +1,29 @@
-"""Join a decompose that fanned out by shard: many part reports in, one report and plot out.
+"""Decompose fanned out by shard (`FANOUT`): one run per source shard, joined into one result.
 
-Pure like every stage: the orchestration hands it the report.json of each shard's run and a
-work folder. The part files themselves are not touched: each shard's run already wrote
-and verified its own `ternary/part-XXXXX.safetensors`.
+Pure like every stage: the orchestration hands the join every shard's outputs and a work folder;
+the report.json files are merged into one report and plot. The part files themselves are
+passed through untouched: each shard's run already wrote and verified its own
+`ternary/part-XXXXX.safetensors`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import IntegrityError
 from pipeline.core.files import atomic_path
 from pipeline.formats.decompose_report import REPORT_NAME, DecomposeReport
-from pipeline.stages.base import OutputFile, StageResult
+from pipeline.formats.model_card import CARD_NAME, ModelCard
+from pipeline.stages.base import FanOut, InputFile, OutputFile, ShardOutput, StageResult
 from pipeline.stages.decompose.report_plot import render_plot
 
-__all__ = ["REPORT_NAME", "PLOT_NAME", "merge_part_reports", "finish_report"]
+__all__ = ["REPORT_NAME", "PLOT_NAME", "PART_KIND", "FANOUT", "merge_part_reports", "finish_report"]
 
 PLOT_NAME = "sparsity.png"
+PART_KIND = "ternary-part"
 
 
 def finish_report(
@@ -93,3 +97,27 @@ def merge_part_reports(part_reports: Sequence[Path], shards: Sequence[str], work
     outputs, metrics, warnings = finish_report(merged, workdir)
     metrics["fanout"] = len(reports)
     return StageResult(outputs=tuple(outputs), metrics=metrics, warnings=warnings)
+
+
+def _shards(params: Any, inputs: Mapping[str, InputFile]) -> tuple[str, ...]:
+    """The card's shards when there are two or more and the job did not pick some itself."""
+    card_file = inputs.get(f"inspect/{CARD_NAME}")
+    if card_file is None or params.shards:
+        return ()
+    shards = ModelCard.load(card_file.path, f"inspect/{CARD_NAME}").shards
+    return tuple(str(shard) for shard in shards) if len(shards) >= 2 else ()
+
+
+def _for_shard(params: Any, shard: str) -> Any:
+    return replace(params, shards=(shard,))
+
+
+def _join(outputs: Sequence[ShardOutput], shards: Sequence[str], workdir: Path) -> StageResult:
+    parts = [OutputFile(o.file.name, o.file.path, o.kind, o.media_type, sha256=o.file.sha256)
+             for o in outputs if o.kind == PART_KIND]
+    reports = [o.file.path for o in outputs if o.file.name == REPORT_NAME]
+    merged = merge_part_reports(reports, shards, workdir)
+    return StageResult(outputs=(*parts, *merged.outputs), metrics=merged.metrics, warnings=merged.warnings)
+
+
+FANOUT = FanOut(shards=_shards, for_shard=_for_shard, join=_join)

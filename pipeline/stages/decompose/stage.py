@@ -41,7 +41,7 @@ from pipeline.stages.base import (
     inputs_of,
 )
 from pipeline.stages.decompose.calibration import load_calibration, wanted_input
-from pipeline.stages.decompose.merge import finish_report
+from pipeline.stages.decompose.merge import FANOUT, PART_KIND, finish_report
 from pipeline.ternary.policy import AUTO, Recipe, decide, get_recipe, importance_for
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from pipeline.formats.parts import PartIndex
     from pipeline.stages.decompose.auto import Allocation
 
-__all__ = ["NAME", "VERSION", "PART_FORMAT", "Params", "make_params", "select_inputs", "run",
+__all__ = ["NAME", "VERSION", "PART_FORMAT", "FANOUT", "Params", "make_params", "select_inputs", "run",
            "read_part_index", "part_name"]
 
 NAME = "decompose"
@@ -248,7 +248,7 @@ def run(
         log.info("stage decompose: shard %s (%d tensors) -> %s on %s", shard, len(planned), name, device)
         rows += decompose_shard(_source_module(card), card, files, shard, workdir / name, planned, decisions,
                                 recipe, device, calibration)
-        outputs.append(OutputFile(name, workdir / name, "ternary-part"))
+        outputs.append(OutputFile(name, workdir / name, PART_KIND))
     elapsed_s = time.monotonic() - started
     header = ReportHeader(
         recipe=recipe.name, ternary_type=recipe.ternary_type, method=recipe.method,

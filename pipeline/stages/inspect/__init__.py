@@ -17,6 +17,7 @@ from pipeline.stages.inspect.stage import (
 __all__ = [
     "NAME",
     "VERSION",
+    "FANOUT",
     "CARD_NAME",
     "SUPPORTED_ARCHITECTURES",
     "Params",
@@ -26,3 +27,6 @@ __all__ = [
 
     "run",
 ]
+
+# Runs whole: no fan-out by shard.
+FANOUT = None

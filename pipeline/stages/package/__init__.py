@@ -16,6 +16,7 @@ from pipeline.stages.package.stage import (
 __all__ = [
     "NAME",
     "VERSION",
+    "FANOUT",
     "Params",
     "make_params",
     "select_inputs",
@@ -24,3 +25,6 @@ __all__ = [
     "run",
     "PartTensor",
 ]
+
+# Runs whole: no fan-out by shard.
+FANOUT = None

@@ -20,6 +20,7 @@ from pipeline.stages.validate.stage import (
 __all__ = [
     "NAME",
     "VERSION",
+    "FANOUT",
     "Params",
     "Check",
     "ValidationFailed",
@@ -32,3 +33,6 @@ __all__ = [
     "first_answer",
     "DEFAULT_AGREEMENT_TEXT",
 ]
+
+# Runs whole: no fan-out by shard.
+FANOUT = None

@@ -1,5 +1,14 @@
 """The real checksum stage."""
 
-from pipeline.stages.checksum import NAME, VERSION, Params, cache_identity, make_params, run, select_inputs
+from pipeline.stages.checksum import (
+    FANOUT,
+    NAME,
+    VERSION,
+    Params,
+    cache_identity,
+    make_params,
+    run,
+    select_inputs,
+)
 
-__all__ = ["NAME", "VERSION", "Params", "make_params", "select_inputs", "cache_identity", "run"]
+__all__ = ["NAME", "VERSION", "FANOUT", "Params", "make_params", "select_inputs", "cache_identity", "run"]

@@ -9,10 +9,18 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pipeline.stages.base import NO_CLIENTS, InputFile, StageClients, StageResult
-from pipeline.stages.decompose import NAME, VERSION, Params, cache_identity, make_params, select_inputs
+from pipeline.stages.decompose import (
+    FANOUT,
+    NAME,
+    VERSION,
+    Params,
+    cache_identity,
+    make_params,
+    select_inputs,
+)
 from pipeline.stages.decompose import run as real_run
 
-__all__ = ["NAME", "VERSION", "Params", "make_params", "select_inputs", "cache_identity", "run"]
+__all__ = ["NAME", "VERSION", "FANOUT", "Params", "make_params", "select_inputs", "cache_identity", "run"]
 
 _CHUNK_BYTES = 64 << 20
 _MAX_HOG_BYTES = 6 << 30  # never past this, whatever happens

@@ -1,5 +1,14 @@
 """The real validate stage."""
 
-from pipeline.stages.validate import NAME, VERSION, Params, cache_identity, make_params, run, select_inputs
+from pipeline.stages.validate import (
+    FANOUT,
+    NAME,
+    VERSION,
+    Params,
+    cache_identity,
+    make_params,
+    run,
+    select_inputs,
+)
 
-__all__ = ["NAME", "VERSION", "Params", "make_params", "select_inputs", "cache_identity", "run"]
+__all__ = ["NAME", "VERSION", "FANOUT", "Params", "make_params", "select_inputs", "cache_identity", "run"]
