@@ -27,6 +27,8 @@ from dataclasses import dataclass
 __all__ = ["Rung", "rung_label", "rung_rank", "ladder", "hull", "upgrades", "allocate"]
 
 _QK_K, _Q2_0_BLOCK, _LEGACY_BLOCK = 256, 64, 32
+# A step adding more than this share of all upgrade bytes is a giant one (see `upgrades`).
+_GIANT_SHARE = 1 / 32
 
 
 @dataclass(frozen=True)
@@ -101,22 +103,67 @@ def hull(rungs: Sequence[Rung]) -> list[int]:
     return kept
 
 
-def upgrades(candidates: Mapping[str, Sequence[Rung]]) -> list[tuple[str, int]]:
-    """Every upgrade step on every tensor's hull, in the one order the budget buys them: the
-    largest cost drop per added byte first; ``(name, rung index reached)``.
+@dataclass
+class _Step:
+    name: str
+    index: int  # the rung this step reaches
+    size: int  # bytes it adds
+    gain: float  # cost drop per added byte
+    wait: int = 0  # bytes of other steps still to buy before it (a giant step)
 
-    A tensor's hull steps drop less per byte the higher they go (that is what the hull is), so
-    this order takes each tensor's steps bottom up.
-    """
-    steps: list[tuple[float, str, int, int]] = []
+
+def _hull_steps(candidates: Mapping[str, Sequence[Rung]]) -> list[_Step]:
+    steps: list[_Step] = []
     for name, rungs in candidates.items():
         path = hull(rungs) if rungs else []
-        for at in range(len(path) - 1):
-            here, there = rungs[path[at]], rungs[path[at + 1]]
-            gain = (here.cost - there.cost) / max(there.n_bytes - here.n_bytes, 1)
-            steps.append((-gain, name, at + 1, path[at + 1]))
-    steps.sort(key=lambda step: step[:3])
-    return [(name, index) for _gain, name, _at, index in steps]
+        for here, there in zip(path, path[1:], strict=False):
+            size = rungs[there].n_bytes - rungs[here].n_bytes
+            steps.append(_Step(name, there, size, (rungs[here].cost - rungs[there].cost) / max(size, 1)))
+    # A tensor's hull steps drop less per byte the higher they go, so each tensor's come bottom up.
+    steps.sort(key=lambda step: (-step.gain, step.name, step.index))
+    return steps
+
+
+def upgrades(candidates: Mapping[str, Sequence[Rung]]) -> list[tuple[str, int]]:
+    """Every upgrade step on every tensor's hull, in the one order the budget buys them,
+    ``(name, rung index reached)``: the largest cost drop per added byte first, except that a giant
+    step (over `_GIANT_SHARE` of all the upgrade bytes: a vocabulary-sized embedding's) waits until
+    as many bytes of the steps after it have been bought.
+
+    Without the wait a giant step would stand in the way of every step after it until the budget
+    covers it; with it, the budgets below it buy small steps instead, and it is bought once the
+    budget has grown by its size. A tensor's steps stay in their order.
+    """
+    steps = _hull_steps(candidates)
+    giant = sum(step.size for step in steps) * _GIANT_SHARE
+    order: list[tuple[str, int]] = []
+    waiting: list[_Step] = []
+
+    def buy(step: _Step) -> None:
+        order.append((step.name, step.index))
+        for other in waiting:
+            other.wait -= step.size
+
+    def release(everything: bool = False) -> None:
+        while True:
+            heads: dict[str, _Step] = {}  # each tensor's first waiting step
+            for step in waiting:
+                heads.setdefault(step.name, step)
+            ready = next((s for s in heads.values() if s.wait <= 0 or everything), None)
+            if ready is None:
+                return
+            waiting.remove(ready)
+            buy(ready)
+
+    for step in steps:
+        if step.size > giant or any(other.name == step.name for other in waiting):
+            step.wait = step.size if step.size > giant else 0
+            waiting.append(step)
+        else:
+            buy(step)
+        release()
+    release(everything=True)
+    return order
 
 
 def allocate(candidates: Mapping[str, Sequence[Rung]], budget_bytes: int) -> dict[str, int]:
@@ -126,8 +173,9 @@ def allocate(candidates: Mapping[str, Sequence[Rung]], budget_bytes: int) -> dic
     Stopping at the first step that does not fit (rather than skipping to smaller ones) makes
     the allocations nested: a larger budget buys every upgrade a smaller one bought, and more,
     so no tensor ever goes down a rung when the budget goes up. The price is at most one step's
-    bytes of the budget left unspent. Every tensor gets at least its cheapest rung even when
-    those alone exceed the budget (the caller reports that the target was not reachable).
+    bytes of the budget left unspent (a giant step's, while it is the next one). Every tensor gets
+    at least its cheapest rung even when those alone exceed the budget (the caller reports that
+    the target was not reachable).
     """
     chosen = {name: hull(rungs)[0] for name, rungs in candidates.items() if rungs}
     spent = sum(candidates[name][index].n_bytes for name, index in chosen.items())

@@ -128,3 +128,15 @@ def test_upgrades_take_each_tensors_hull_bottom_up() -> None:
     for name, rungs in model.items():
         path = hull(rungs)
         assert [index for n, index in steps if n == name] == path[1:]
+
+
+def test_a_giant_step_does_not_stand_in_the_way_of_smaller_ones() -> None:
+    # A vocabulary-sized embedding whose one step buys more per byte than any block tensor's, but
+    # is ten times the bytes of all of them: stopping at it would leave the budget unspent.
+    model = {"token_embd.weight": [Rung("Q4_0", None, 1000, 100.0), Rung("Q8_0", None, 2000, 10.0)]}
+    model.update({f"blk.{i}.w": [Rung("Q2_0", 3, 10, 1.0), Rung("Q4_K", None, 20, 0.5)] for i in range(10)})
+    base = 1000 + 10 * 10
+    short = allocate(model, base + 100)  # room for every small step, not for the embedding's
+    assert short["token_embd.weight"] == 0 and all(short[f"blk.{i}.w"] == 1 for i in range(10))
+    assert allocate(model, base + 1100) == {name: 1 for name in model}
+    assert upgrades(model)[-1] == ("token_embd.weight", 1), "the giant waits for as many bytes"
