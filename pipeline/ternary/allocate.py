@@ -24,9 +24,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Rung", "rung_label", "rung_rank", "ladder", "hull", "upgrades", "allocate"]
+__all__ = ["ALLOCATOR_VERSION", "Rung", "rung_label", "rung_rank", "ladder", "hull", "upgrades", "allocate"]
 
 _QK_K, _Q2_0_BLOCK, _LEGACY_BLOCK = 256, 64, 32
+# Changes when the same rungs and budget may give another allocation: part of decompose's cache key
+# for the auto recipe, so a store never hands back an allocation an older allocator made.
+ALLOCATOR_VERSION = "2-nested"
 # A step adding more than this share of all upgrade bytes is a giant one (see `upgrades`).
 _GIANT_SHARE = 1 / 32
 

@@ -140,3 +140,14 @@ def test_a_giant_step_does_not_stand_in_the_way_of_smaller_ones() -> None:
     assert short["token_embd.weight"] == 0 and all(short[f"blk.{i}.w"] == 1 for i in range(10))
     assert allocate(model, base + 1100) == {name: 1 for name in model}
     assert upgrades(model)[-1] == ("token_embd.weight", 1), "the giant waits for as many bytes"
+
+
+def test_an_auto_decompose_is_cached_under_the_allocators_version() -> None:
+    from pipeline.stages import decompose
+    from pipeline.stages.base import JobSpec
+    from pipeline.ternary.allocate import ALLOCATOR_VERSION
+
+    auto = decompose.make_params(JobSpec("acme/m", "auto", {"target_bpw": 5.0}))
+    assert ALLOCATOR_VERSION in (decompose.cache_identity(auto) or "")
+    # Other recipes allocate nothing: their cache keys stay what they were.
+    assert decompose.cache_identity(decompose.make_params(JobSpec("acme/m", "tq2_0"))) == ""

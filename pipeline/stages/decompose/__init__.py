@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pipeline.stages.base import nothing_beyond_params as cache_identity
 from pipeline.stages.decompose.stage import (
     FANOUT,
     NAME,
     PART_FORMAT,
     VERSION,
     Params,
+    cache_identity,
     make_params,
     part_name,
     read_part_index,

@@ -50,8 +50,8 @@ if TYPE_CHECKING:
     from pipeline.formats.parts import PartIndex
     from pipeline.stages.decompose.auto import Allocation
 
-__all__ = ["NAME", "VERSION", "PART_FORMAT", "FANOUT", "Params", "make_params", "select_inputs", "run",
-           "read_part_index", "part_name"]
+__all__ = ["NAME", "VERSION", "PART_FORMAT", "FANOUT", "Params", "make_params", "select_inputs",
+           "cache_identity", "run", "read_part_index", "part_name"]
 
 NAME = "decompose"
 VERSION = "1"
@@ -92,6 +92,13 @@ def make_params(job: JobSpec) -> Params:
         raise InputError(f"option importance=imatrix weights the optimal fit; method={recipe.method!r} "
                          "ignores it: use method=optimal or drop importance")
     return Params(recipe=recipe, device=device, shards=tuple(shards), importance=str(importance))
+
+
+def cache_identity(params: Params, clients: StageClients = NO_CLIENTS) -> str | None:
+    """The auto recipe's result depends on the allocator's rules too: their version, for it."""
+    from pipeline.ternary.allocate import ALLOCATOR_VERSION
+
+    return f"allocator {ALLOCATOR_VERSION}" if params.recipe.name == AUTO else ""
 
 
 def select_inputs(params: Params, inputs: Mapping[str, InputFile]) -> dict[str, InputFile]:
