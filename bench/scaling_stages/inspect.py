@@ -1,14 +1,4 @@
 """No-op inspect stage (see bench.noop_stages)."""
 
-from bench.noop_stages.inspect import (
-    FANOUT,
-    NAME,
-    VERSION,
-    Params,
-    cache_identity,
-    make_params,
-    run,
-    select_inputs,
-)
-
-__all__ = ["NAME", "VERSION", "FANOUT", "Params", "make_params", "select_inputs", "cache_identity", "run"]
+from bench.noop_stages.inspect import *  # noqa: F403 - the stage as it is, every name of its __all__
+from bench.noop_stages.inspect import __all__  # noqa: F401

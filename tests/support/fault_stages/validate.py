@@ -1,14 +1,4 @@
 """The real validate stage."""
 
-from pipeline.stages.validate import (
-    FANOUT,
-    NAME,
-    VERSION,
-    Params,
-    cache_identity,
-    make_params,
-    run,
-    select_inputs,
-)
-
-__all__ = ["NAME", "VERSION", "FANOUT", "Params", "make_params", "select_inputs", "cache_identity", "run"]
+from pipeline.stages.validate import *  # noqa: F403 - the stage as it is, every name of its __all__
+from pipeline.stages.validate import __all__  # noqa: F401
