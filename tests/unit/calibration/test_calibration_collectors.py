@@ -177,7 +177,7 @@ def test_calibration_imports_no_orchestration() -> None:
         "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('celery', 'sqlalchemy', 'kombu', 'redis'))))\n"
     )
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
     )

@@ -13,7 +13,7 @@ import pytest
 from pipeline.db import migrate
 from pipeline.db.session import make_engine
 
-_ROOT = Path(__file__).resolve().parents[2]
+_ROOT = Path(__file__).resolve().parents[3]
 
 
 def _loaded_after(code: str, modules: tuple[str, ...]) -> dict[str, bool]:

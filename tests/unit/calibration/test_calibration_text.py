@@ -69,7 +69,7 @@ def test_builtin_text_mixes_kinds_and_scripts() -> None:
 
 
 def test_licence_is_stated_next_to_the_text() -> None:
-    readme = Path(__file__).resolve().parents[2] / "pipeline" / "calibration" / "data" / "README.md"
+    readme = Path(__file__).resolve().parents[3] / "pipeline" / "calibration" / "data" / "README.md"
     body = readme.read_text(encoding="utf-8")
     assert "Apache-2.0" in body and "written for Bonsai Pipeline" in body
 

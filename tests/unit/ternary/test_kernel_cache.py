@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.ternary import kernel, kernel_cache
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.skipif(not kernel.is_available(), reason="numba is not installed: there is no kernel to compile")
