@@ -12,8 +12,8 @@ _LEVEL = {"none": "no kernel (runs on the CPU)", "scalar": "scalar code only (sl
 def recipe_rows() -> list[dict[str, Any]]:
     """One row per recipe: its GGUF type, bits per weight, block, and how each backend runs it."""
     from pipeline.formats.gguf.types import block_geometry
+    from pipeline.stages.options import DEFAULT_RECIPE
     from pipeline.ternary.backends import TARGETS, default_recipe, support
-    from pipeline.ternary.options import DEFAULT_RECIPE
     from pipeline.ternary.policy import RECIPES
 
     rows = []
@@ -33,7 +33,7 @@ def recipe_rows() -> list[dict[str, Any]]:
 
 def option_rows() -> list[dict[str, Any]]:
     """One row per job option: key, stage that reads it, kind, default, allowed values, help."""
-    from pipeline.ternary.options import OPTIONS
+    from pipeline.stages.options import OPTIONS
 
     return [{"key": o.key, "stage": o.stage, "kind": o.kind, "default": o.default, "choices": list(o.choices),
              "low": o.low, "high": o.high, "help": o.help} for o in OPTIONS.values()]

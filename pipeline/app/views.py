@@ -27,7 +27,7 @@ def _latest(job: Job) -> dict[StageName, StageRun]:
 
 
 def job_summary(job: Job) -> dict[str, Any]:
-    from pipeline.ternary.options import job_warnings
+    from pipeline.stages.options import job_warnings
 
     latest = _latest(job)
     states = {stage: run.status for stage, run in latest.items()}

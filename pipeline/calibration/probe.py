@@ -35,8 +35,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.errors import InputError, IntegrityError
-from pipeline.core.option_fields import read_fields
+from pipeline.core.errors import IntegrityError
+from pipeline.core.option_fields import option, read_fields
 from pipeline.formats.jsonfile import load_json
 
 __all__ = ["ProbeSpec", "ProbeRequest", "ProbeResult", "Generation", "Completion", "ChatReply", "TextRun",
@@ -61,26 +61,22 @@ class ProbeSpec:
     conversion, so the two answers and logits compare. Each field is a job option of the same name;
     ``timeout_s`` bounds each llama.cpp run, ``n_gpu_layers=0`` keeps it on the CPU."""
 
-    prompt: str = "1+1="
-    max_tokens: int = 16
-    chat_prompt: str = "What is 1+1?"
-    chat_max_tokens: int = 32
-    agreement_text: str = DEFAULT_AGREEMENT_TEXT
-    n_ctx: int = 256
-    n_gpu_layers: int = 0
-    seed: int = 0
-    timeout_s: float = 300.0
+    prompt: str = option("1+1=", help="greedy sanity prompt")
+    max_tokens: int = option(16, help="tokens generated for `prompt`", low=1)
+    chat_prompt: str = option("What is 1+1?", help="the same question through the chat template")
+    chat_max_tokens: int = option(32, help="tokens generated for `chat_prompt`", low=1)
+    agreement_text: str = option(DEFAULT_AGREEMENT_TEXT, shown_default=None,
+                                 help="text the source and the GGUF predict side by side "
+                                 "(default: a few built-in sentences)")
+    n_ctx: int = option(256, help="llama.cpp context size", low=16)
+    n_gpu_layers: int = option(0, help="layers llama.cpp offloads to a GPU (-1: all)", low=-1)
+    seed: int = option(0, help="llama.cpp sampling seed", low=0)
+    timeout_s: float = option(300.0, help="seconds one llama.cpp run may take", low=1)
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> ProbeSpec:
         """The spec a job's options ask for; InputError for a value of the wrong kind or range."""
-        spec = cls(**read_fields(cls, options, "validate"))
-        if spec.n_ctx < 16 or spec.max_tokens < 1 or spec.timeout_s <= 0:
-            raise InputError(
-                f"validate options: n_ctx {spec.n_ctx} (>= 16), max_tokens {spec.max_tokens} "
-                f"(>= 1) and timeout_s {spec.timeout_s} (> 0) are out of range"
-            )
-        return spec
+        return cls(**read_fields(cls, options, "validate"))
 
     def request(self, path: Path, n_threads: int) -> ProbeRequest:
         """The request that runs this spec on the file at ``path``."""

@@ -21,8 +21,8 @@ from pipeline.orchestration.plan import plan_for
 from pipeline.provenance.statements import redact
 from pipeline.stages import load_stage
 from pipeline.stages.base import JobSpec
+from pipeline.stages.options import check_job_input
 from pipeline.stages.sources import SourcePolicy, escaped
-from pipeline.ternary.options import check_job_input
 
 __all__ = ["JobRequest", "read_manifest", "check_request", "create_jobs", "retry_job", "cancel_job"]
 

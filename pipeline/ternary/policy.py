@@ -24,6 +24,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from pipeline.core.errors import InputError
+from pipeline.core.option_fields import option
 from pipeline.formats.gguf.types import block_geometry
 
 __all__ = [
@@ -45,6 +46,7 @@ BONSAI_METHODS: dict[str, tuple[str, ...]] = {
 }
 HIGH_PRECISION = ("F16", "BF16", "F32", "Q8_0")
 FALLBACK_TYPES = ("F16", "BF16", "F32")
+_TARGET_BPW_RANGE = (1.5, 8.5)  # all ternary Q2_0 .. all Q8_0
 _Q8_0_BLOCK = 32
 
 
@@ -64,15 +66,23 @@ class Recipe:
 
     name: str
     ternary_type: str
-    method: str = "optimal"
-    irls_iters: int = 0
-    levels: int = 3
-    embed_type: str = "F16"
-    output_type: str = "F16"
-    fallback_type: str = "F16"
-    target_bpw: float = 0.0
-    min_top1: float = 0.0
-    max_kl: float = 0.0
+    method: str = option("optimal", help="per-block fit (q1_0: optimal or absmean)", choices=METHODS)
+    irls_iters: int = option(0, help="refinement passes after the fit (tq recipes only)", low=0, high=100)
+    levels: int = option(3, help="q2_0 only: 3 = ternary codes, 4 = also code +2", low=3, high=4)
+    embed_type: str = option("F16", help="type of token_embd.weight", choices=HIGH_PRECISION)
+    output_type: str = option("F16", help="type of output.weight", choices=HIGH_PRECISION)
+    fallback_type: str = option("F16", help="type of a 2-D tensor that cannot be ternary",
+                                choices=FALLBACK_TYPES)
+    target_bpw: float = option(0.0, shown_default=None, low=_TARGET_BPW_RANGE[0], high=_TARGET_BPW_RANGE[1],
+                               help="auto only: bits per weight the 2-D weights may take (default 4.0; with "
+                               "min_top1 / max_kl: the most they may take); the types that lose least within "
+                               "it are chosen")
+    min_top1: float = option(0.0, shown_default=None, low=0, high=1,
+                             help="auto only: the smallest file whose top-1 agreement with the source "
+                             "(on the calibration text; validate confirms on its own) is at least this")
+    max_kl: float = option(0.0, shown_default=None, low=0,
+                           help="auto only: the smallest file whose mean KL from the source (nats) is "
+                           "at most this; validate confirms")
 
     @property
     def has_quality_target(self) -> bool:
@@ -104,7 +114,6 @@ RECIPES: dict[str, Recipe] = {
     "auto": Recipe(name="auto", ternary_type="Q2_0", embed_type="Q8_0", output_type="Q8_0", target_bpw=4.0),
 }
 AUTO = "auto"
-_TARGET_BPW_RANGE = (1.5, 8.5)  # all ternary Q2_0 .. all Q8_0
 _LEVELS_RECIPES = ("q2_0",)
 
 _ALLOWED: dict[str, tuple[Any, ...]] = {

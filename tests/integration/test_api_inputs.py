@@ -1,4 +1,4 @@
-"""POST /api/jobs checks a job's inputs as the CLI does (ternary.options via job_control.check_request):
+"""POST /api/jobs checks a job's inputs as the CLI does (stages.options via job_control.check_request):
 the same spellings accepted, the same refusals (400, nothing recorded), the same target warnings."""
 
 from __future__ import annotations

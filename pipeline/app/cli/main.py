@@ -107,7 +107,7 @@ def stage_names() -> list[Any]:
     return list(STAGE_ORDER)
 
 def parse_options(pairs: tuple[str, ...], target: str | None = None) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs as text; the option table (`ternary.options`) gives each its kind."""
+    """``KEY=VALUE`` pairs as text; the option table (`stages.options`) gives each its kind."""
     options: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:

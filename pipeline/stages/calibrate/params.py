@@ -25,6 +25,7 @@ from typing import Any
 from pipeline.calibration.probe import ProbeSpec
 from pipeline.calibration.text import BUILTIN_NAME, builtin_text, check_disjoint, text_sha256
 from pipeline.core.errors import InputError
+from pipeline.core.option_fields import option, read_fields
 from pipeline.stages.base import JobSpec
 from pipeline.ternary.policy import importance_for
 
@@ -41,12 +42,16 @@ class Params:
     """What the source is run on and what is kept; see the module docstring for each option."""
 
     probe: ProbeSpec = field(default_factory=ProbeSpec)
-    importance: str = "none"
+    importance: str = option("none", choices=IMPORTANCE_KINDS, help="imatrix: fit each block weighted by the "
+                             "calibration activations (llama.cpp's imatrix, written as imatrix.gguf)")
     is_gram: bool = False
-    calibration_text: str = ""
-    calibration_ctx: int = 512
-    top_k: int = 64
-    tail_samples: int = 64
+    calibration_text: str = option("", shown_default=None, help="the calibration text itself (the CLI's "
+                                   "--calibration FILE fills it; default: the built-in text)")
+    calibration_ctx: int = option(512, help="tokens per calibration sequence", low=16, high=8192)
+    top_k: int = option(64, key="reference_top_k", help="source log-probs kept per position for validate",
+                        low=1, high=4096)
+    tail_samples: int = option(64, key="reference_tail_samples",
+                               help="tail draws per position for the KL estimate", low=1, high=4096)
 
     @property
     def is_statistics(self) -> bool:
@@ -69,13 +74,6 @@ class Params:
 def needs_statistics(options: dict[str, Any] | Any) -> bool:
     """Whether a job's options ask for calibration statistics (importance matrix or Gram matrices)."""
     return options.get("importance", "none") not in (None, "none") or options.get("method") == "gptq"
-
-
-def _int_option(options: Any, name: str, default: int, low: int, high: int) -> int:
-    raw = options.get(name, default)
-    if isinstance(raw, bool) or not isinstance(raw, int) or not low <= raw <= high:
-        raise InputError(f"calibrate option {name}={raw!r}; expected an integer from {low} to {high}")
-    return raw
 
 
 def _calibration_text(options: Any) -> str:
@@ -105,9 +103,7 @@ def make_params(job: JobSpec) -> Params:
         importance=str(importance),
         is_gram=options.get("method") == "gptq",
         calibration_text=_calibration_text(options),
-        calibration_ctx=_int_option(options, "calibration_ctx", 512, 16, 8192),
-        top_k=_int_option(options, "reference_top_k", 64, 1, 4096),
-        tail_samples=_int_option(options, "reference_tail_samples", 64, 1, 4096),
+        **read_fields(Params, options, "calibrate", skip=("importance", "calibration_text")),
     )
     if params.is_statistics and params.probe.agreement_text:
         check_disjoint(params.text, params.probe.agreement_text)

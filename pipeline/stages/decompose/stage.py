@@ -13,6 +13,7 @@ a time (`shard.decompose_shard`). Also ``report.json`` (`formats.decompose_repor
 from __future__ import annotations
 
 import logging
+import re
 import resource
 import time
 from collections.abc import Mapping
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.core.errors import InputError
 from pipeline.core.files import require_free_space
+from pipeline.core.option_fields import option
 from pipeline.formats.decompose_report import (
     AllocationSummary,
     DecomposeReport,
@@ -59,6 +61,13 @@ VERSION = "1"
 log = logging.getLogger(__name__)
 
 
+def device_fault(value: str) -> str | None:
+    """Why `value` is no device name, or None when it is one."""
+    if value in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", value):
+        return None
+    return "expected auto, cpu, cuda or cuda:N"
+
+
 @dataclass(frozen=True)
 class Params:
     """Decompose knobs: the recipe (see `policy.Recipe`), the device, and an optional shard subset.
@@ -69,8 +78,10 @@ class Params:
     """
 
     recipe: Recipe
-    device: str = "auto"
-    shards: tuple[str, ...] = ()
+    device: str = option("auto", help="where the fit runs: auto, cpu, cuda or cuda:N", check=device_fault)
+    shards: tuple[str, ...] = option((), shown_default=None,
+                                     help="only these safetensors shards (names; default: all)")
+    # calibrate's option (declared there), read here too
     importance: str = "none"
 
 
@@ -79,8 +90,9 @@ def make_params(job: JobSpec) -> Params:
     ``device``, ``shards``). Raises InputError for an unknown recipe or a bad option value."""
     options = dict(job.options)
     device = str(options.get("device", "auto"))
-    if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
-        raise InputError(f"option device={device!r}; expected auto, cpu, cuda or cuda:N")
+    why = device_fault(device)
+    if why:
+        raise InputError(f"option device={device!r}; {why}")
     shards = options.get("shards") or ()
     if isinstance(shards, str) or not all(isinstance(s, str) for s in shards):
         raise InputError(f"option shards={shards!r}; expected a list of shard file names")

@@ -9,6 +9,7 @@ from typing import Any
 
 from pipeline import __version__
 from pipeline.core.errors import InputError
+from pipeline.core.option_fields import option
 from pipeline.formats.gguf.keys import Bonsai
 from pipeline.stages.base import InputFile
 
@@ -22,9 +23,10 @@ GGML_QUANT_VERSION = 2  # gguf-py's GGML_QUANT_VERSION; llama.cpp checks it for 
 class Params:
     """`model_name` becomes general.name; `source` and `recipe` are recorded as provenance keys."""
 
-    model_name: str
-    source: str
-    recipe: str
+    model_name: str = option(key="name", shown_default=None,
+                             help="model name in the GGUF and in its file name (default: from the source)")
+    source: str = ""
+    recipe: str = ""
 
 
 def provenance_keys(params: Params, card_sha256: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from pipeline.calibration.probe import DEFAULT_AGREEMENT_TEXT, ProbeSpec
 from pipeline.core.errors import InputError, IntegrityError
-from pipeline.core.option_fields import read_fields
+from pipeline.core.option_fields import option, read_fields
 from pipeline.stages.base import JobSpec
 
 __all__ = ["Params", "make_params", "ValidationFailed", "DEFAULT_AGREEMENT_TEXT"]
@@ -29,13 +29,14 @@ class Params:
 
     recipe: str = "tq2_0"
     probe: ProbeSpec = field(default_factory=ProbeSpec)
-    n_threads: int = 2
-    expected: str = "2"
-    chat_expected: str = "2"
-    agreement_pass_top1: float = 0.85
-    agreement_pass_kl: float = 0.10
-    agreement_fail_top1: float = 0.50
-    agreement_fail_kl: float = 1.0
+    n_threads: int = option(2, shown_default=None, help="llama.cpp threads (default: the cores, at most 4)",
+                            low=1)
+    expected: str = option("2", help="the answer `prompt` should start with")
+    chat_expected: str = option("2", help="the answer `chat_prompt` should contain first")
+    agreement_pass_top1: float = option(0.85, help="pass: top-1 agreement at least this", low=0, high=1)
+    agreement_pass_kl: float = option(0.10, help="pass: mean KL (nats) at most this", low=0)
+    agreement_fail_top1: float = option(0.50, help="fail: top-1 agreement below this", low=0, high=1)
+    agreement_fail_kl: float = option(1.0, help="fail: mean KL (nats) above this", low=0)
 
 
 class ValidationFailed(IntegrityError):

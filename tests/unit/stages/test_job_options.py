@@ -10,8 +10,8 @@ import pytest
 from pipeline.calibration.probe import ProbeSpec
 from pipeline.core.errors import InputError
 from pipeline.orchestration.job_control import JobRequest, check_request, read_manifest
+from pipeline.stages.options import KINDS, OPTIONS, canonical_recipe, check_job_input, job_warnings
 from pipeline.stages.validate.params import DEFAULT_AGREEMENT_TEXT, Params
-from pipeline.ternary.options import KINDS, OPTIONS, canonical_recipe, check_job_input, job_warnings
 from pipeline.ternary.policy import RECIPES, Recipe
 
 

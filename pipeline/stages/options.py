@@ -7,8 +7,10 @@ llama.cpp's ``MOSTLY_TQ2_0``), type names in any case (``embed_type=f16`` -> ``F
 of the declared kind (the CLI's text ``"3"`` -> ``3``), and refuses an unknown key with the
 closest known ones. With no recipe, the ``target`` option picks the fast one for that backend.
 
-Adding an option is one `Option(...)` line in `OPTIONS`; the stage named there reads it (from
-`JobSpec.options`), and `bonsai recipes` and `bonsai convert --help` list it.
+Each option is declared once, on the stage's `Params` field (or `Recipe`'s, `ProbeSpec`'s) that holds
+it: `core.option_fields.option(default, help=..., low=..., choices=...)`. `OPTIONS` is made from those
+declarations; the stage reads its own fields (`core.option_fields.read_fields`), and `bonsai recipes`
+and `bonsai convert --help` list them. Adding an option is adding that field.
 
 Example::
 
@@ -20,27 +22,20 @@ from __future__ import annotations
 
 import difflib
 import json
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.core import option_fields
 from pipeline.core.errors import InputError
 from pipeline.ternary.backends import TARGETS, backend_warnings, default_recipe
-from pipeline.ternary.policy import FALLBACK_TYPES, HIGH_PRECISION, METHODS, RECIPES, get_recipe
+from pipeline.ternary.policy import RECIPES, Recipe, get_recipe
 
 __all__ = ["Option", "OPTIONS", "JobInput", "DEFAULT_RECIPE", "canonical_recipe", "check_job_input",
            "job_warnings", "recipe_types", "KINDS"]
 
 DEFAULT_RECIPE = "tq2_0"
 KINDS = ("str", "int", "float", "bool", "list")
-
-
-def _device(value: str) -> str | None:
-    """Why `value` is no device name, or None when it is one."""
-    if value in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", value):
-        return None
-    return "expected auto, cpu, cuda or cuda:N"
 
 
 @dataclass(frozen=True)
@@ -61,60 +56,41 @@ class Option:
     check: Callable[[str], str | None] | None = None
 
 
-_OPTIONS: tuple[Option, ...] = (
-    Option("target", "job", "str", None, "where the GGUF will run; picks the recipe when none is given "
-           "(cpu: tq2_0; cuda, metal, vulkan: q2_0) and warns about types that run slowly there", TARGETS),
-    Option("method", "decompose", "str", "optimal", "per-block fit (q1_0: optimal or absmean)", METHODS),
-    Option("irls_iters", "decompose", "int", 0, "refinement passes after the fit (tq recipes only)", low=0,
-           high=100),
-    Option("levels", "decompose", "int", 3, "q2_0 only: 3 = ternary codes, 4 = also code +2", low=3, high=4),
-    Option("embed_type", "decompose", "str", "F16", "type of token_embd.weight", HIGH_PRECISION),
-    Option("output_type", "decompose", "str", "F16", "type of output.weight", HIGH_PRECISION),
-    Option("fallback_type", "decompose", "str", "F16", "type of a 2-D tensor that cannot be ternary",
-           FALLBACK_TYPES),
-    Option("target_bpw", "decompose", "float", None, "auto only: bits per weight the 2-D weights may take "
-           "(default 4.0; with min_top1 / max_kl: the most they may take); the types that lose least "
-           "within it are chosen", low=1.5, high=8.5),
-    Option("min_top1", "decompose", "float", None, "auto only: the smallest file whose top-1 agreement with "
-           "the source (on the calibration text; validate confirms on its own) is at least this", low=0,
-           high=1),
-    Option("max_kl", "decompose", "float", None, "auto only: the smallest file whose mean KL from the source "
-           "(nats) is at most this; validate confirms", low=0),
-    Option("device", "decompose", "str", "auto", "where the fit runs: auto, cpu, cuda or cuda:N",
-           check=_device),
-    Option("shards", "decompose", "list", None, "only these safetensors shards (names; default: all)"),
-    Option("name", "package", "str", None, "model name in the GGUF and in its file name (default: from "
-           "the source)"),
-    Option("prompt", "validate", "str", "1+1=", "greedy sanity prompt"),
-    Option("expected", "validate", "str", "2", "the answer `prompt` should start with"),
-    Option("chat_prompt", "validate", "str", "What is 1+1?", "the same question through the chat template"),
-    Option("chat_expected", "validate", "str", "2", "the answer `chat_prompt` should contain first"),
-    Option("max_tokens", "validate", "int", 16, "tokens generated for `prompt`", low=1),
-    Option("chat_max_tokens", "validate", "int", 32, "tokens generated for `chat_prompt`", low=1),
-    Option("n_ctx", "validate", "int", 256, "llama.cpp context size", low=16),
-    Option("n_threads", "validate", "int", None, "llama.cpp threads (default: the cores, at most 4)", low=1),
-    Option("n_gpu_layers", "validate", "int", 0, "layers llama.cpp offloads to a GPU (-1: all)", low=-1),
-    Option("seed", "validate", "int", 0, "llama.cpp sampling seed", low=0),
-    Option("agreement_text", "validate", "str", None, "text the source and the GGUF predict side by side "
-           "(default: a few built-in sentences)"),
-    Option("agreement_pass_top1", "validate", "float", 0.85, "pass: top-1 agreement at least this",
-           low=0, high=1),
-    Option("agreement_pass_kl", "validate", "float", 0.10, "pass: mean KL (nats) at most this", low=0),
-    Option("agreement_fail_top1", "validate", "float", 0.50, "fail: top-1 agreement below this",
-           low=0, high=1),
-    Option("agreement_fail_kl", "validate", "float", 1.0, "fail: mean KL (nats) above this", low=0),
-    Option("timeout_s", "validate", "float", 300.0, "seconds one llama.cpp run may take", low=0),
-    Option("importance", "calibrate", "str", "none", "imatrix: fit each block weighted by the calibration "
-           "activations (llama.cpp's imatrix, written as imatrix.gguf)", ("none", "imatrix")),
-    Option("calibration_text", "calibrate", "str", None, "the calibration text itself (the CLI's "
-           "--calibration FILE fills it; default: the built-in text)"),
-    Option("calibration_ctx", "calibrate", "int", 512, "tokens per calibration sequence", low=16, high=8192),
-    Option("reference_top_k", "calibrate", "int", 64, "source log-probs kept per position for validate",
-           low=1, high=4096),
-    Option("reference_tail_samples", "calibrate", "int", 64, "tail draws per position for the KL estimate",
-           low=1, high=4096),
-)
-OPTIONS: dict[str, Option] = {option.key: option for option in _OPTIONS}
+@dataclass(frozen=True)
+class JobOptions:
+    """The options of the job as a whole."""
+
+    target: str | None = option_fields.option(
+        None, choices=TARGETS, help="where the GGUF will run; picks the recipe when none is given (cpu: "
+        "tq2_0; cuda, metal, vulkan: q2_0) and warns about types that run slowly there")
+
+
+def _declared_options() -> dict[str, Option]:
+    """Every option, from the fields that hold it (`core.option_fields.option`), stage by stage."""
+    from pipeline.calibration.probe import ProbeSpec
+    from pipeline.stages.calibrate.params import Params as CalibrateParams
+    from pipeline.stages.decompose.stage import Params as DecomposeParams
+    from pipeline.stages.package.common import Params as PackageParams
+    from pipeline.stages.validate.params import Params as ValidateParams
+
+    holders: tuple[tuple[str, type], ...] = (
+        ("job", JobOptions), ("decompose", Recipe), ("decompose", DecomposeParams),
+        ("package", PackageParams), ("validate", ProbeSpec), ("validate", ValidateParams),
+        ("calibrate", CalibrateParams),
+    )
+    table: dict[str, Option] = {}
+    for stage, holder in holders:
+        for found in option_fields.declared(holder):
+            if found.key in table:
+                raise TypeError(f"job option {found.key!r} is declared twice "
+                                f"({table[found.key].stage}, {stage})")
+            doc = found.doc
+            table[found.key] = Option(found.key, stage, found.kind, found.default, doc.help, doc.choices,
+                                      doc.low, doc.high, doc.check)
+    return table
+
+
+OPTIONS: dict[str, Option] = _declared_options()
 
 
 @dataclass(frozen=True)
