@@ -118,7 +118,7 @@ def _llama_file(source: Path, type_name: str, work: Path) -> Row:
 
 def _our_file(home: Path, source: Path, label: str, recipe: str, options: dict[str, Any]) -> Row:
     from pipeline.core.settings import Settings
-    from pipeline.core.states import StageName
+    from pipeline.core.states import DONE_STATES, StageName
     from pipeline.db import repo
     from pipeline.db.session import session_scope
     from pipeline.orchestration.bootstrap import build_runtime
@@ -133,7 +133,7 @@ def _our_file(home: Path, source: Path, label: str, recipe: str, options: dict[s
     with session_scope(rt.sessions) as session:
         runs = repo.latest_runs(session, job_id, with_links=True)
         package = runs.get(StageName.PACKAGE)
-        if package is None or package.status != "succeeded":
+        if package is None or package.status not in DONE_STATES:  # reused from the cache counts too
             failed = next((r for r in runs.values() if r.status == "failed"), None)
             why = (failed.error_message if failed else None) or "no package"
             return Row("ours", label, None, seconds, why)
@@ -142,7 +142,7 @@ def _our_file(home: Path, source: Path, label: str, recipe: str, options: dict[s
         stage_s = {str(stage): round(float(r.metrics.get("elapsed_s") or 0.0), 1)
                    for stage, r in runs.items()}
         validate = runs.get(StageName.VALIDATE)
-        passed = validate is not None and validate.status == "succeeded"
+        passed = validate is not None and validate.status in DONE_STATES
         chosen = _chosen_rungs(rt.store, runs.get(StageName.DECOMPOSE))
     print(f"  ours {label}: job {job_id} in {seconds:.1f} s; stages {stage_s}; validation "
           f"{'passed' if passed else 'failed'}", flush=True)
