@@ -13,8 +13,18 @@ from pathlib import Path
 
 from pipeline.stages.base import NO_CLIENTS, InputFile, JobSpec, OutputFile, StageClients, StageResult
 from pipeline.stages.base import every_input as select_inputs
+from pipeline.stages.base import no_memory_need as memory_need
 
-__all__ = ["VERSION", "FANOUT", "Params", "make_params", "select_inputs", "cache_identity", "noop_run"]
+__all__ = [
+    "VERSION",
+    "FANOUT",
+    "Params",
+    "make_params",
+    "memory_need",
+    "select_inputs",
+    "cache_identity",
+    "noop_run",
+]
 
 # Runs whole: no fan-out by shard.
 FANOUT = None

@@ -5,11 +5,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from bench.noop_stages import FANOUT, VERSION, Params, cache_identity, make_params, noop_run, select_inputs
+from bench.noop_stages import (
+    FANOUT,
+    VERSION,
+    Params,
+    cache_identity,
+    make_params,
+    memory_need,
+    noop_run,
+    select_inputs,
+)
 from pipeline.stages.base import NO_CLIENTS, InputFile, StageClients, StageResult
 
 NAME = "decompose"
-__all__ = ["NAME", "VERSION", "FANOUT", "Params", "make_params", "select_inputs", "cache_identity", "run"]
+__all__ = [
+    "NAME", "VERSION", "FANOUT", "Params", "make_params", "memory_need", "select_inputs", "cache_identity",
+    "run",
+]
 
 
 def run(

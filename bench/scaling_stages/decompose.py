@@ -10,14 +10,17 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from bench.noop_stages import FANOUT, Params, cache_identity, make_params, select_inputs
+from bench.noop_stages import FANOUT, Params, cache_identity, make_params, memory_need, select_inputs
 from pipeline.core.files import sha256_file
 from pipeline.stages import decompose
 from pipeline.stages.base import NO_CLIENTS, InputFile, JobSpec, StageClients, StageResult
 
 NAME = "decompose"
 VERSION = "scaling-1"
-__all__ = ["NAME", "VERSION", "FANOUT", "Params", "make_params", "select_inputs", "cache_identity", "run"]
+__all__ = [
+    "NAME", "VERSION", "FANOUT", "Params", "make_params", "memory_need", "select_inputs", "cache_identity",
+    "run",
+]
 
 
 def run(

@@ -29,6 +29,13 @@ class UnreachableError(PipelineError):
     fix (a cached copy, offline mode, a local folder) and the stage fails now."""
 
 
+class OutgrowsWorker(PipelineError):
+    """A stage would need more memory than this worker may use (BONSAI_WORKER_MEMORY_MB), refused
+    before it starts; another attempt may land on a bigger worker of the same queue."""
+
+    is_retryable = True
+
+
 class IllegalTransition(PipelineError):
     """A status change that the transition table does not allow."""
 

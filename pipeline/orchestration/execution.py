@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from pipeline.artifacts.activity import store_activity
 from pipeline.artifacts.store import ArtifactStore
-from pipeline.core.errors import InputError
+from pipeline.core.errors import InputError, OutgrowsWorker
 from pipeline.core.states import LinkDirection, StageName, StageState
 from pipeline.db import repo
 from pipeline.db.models import Job, StageRun, utcnow
@@ -140,6 +140,7 @@ def _carry_out(rt: Runtime, run_id: int, use_cache: bool, captured: AttemptLog) 
     workdir.mkdir(parents=True)
     heartbeat = Heartbeat(rt, run_id)
     try:
+        _refuse_if_too_big(rt, module, params, inputs, stage)
         with heartbeat, _memory_guard(rt, run_id):
             result = module.run(params, inputs, workdir, _stage_clients(rt))
         with session_scope(rt.sessions) as session:
@@ -250,6 +251,21 @@ def join_shards(rt: Runtime, parent_id: int) -> fanout.JoinOutcome:
             if parent.status == StageState.RUNNING:
                 record_failure(session, parent, exc)
         return fanout.JoinOutcome(parent_state=StageState.FAILED)
+
+
+def _refuse_if_too_big(
+    rt: Runtime, module: Stage, params: Any, inputs: Mapping[str, InputFile], stage: StageName
+) -> None:
+    """Refuse, before it starts, a run that this worker's memory cap cannot hold."""
+    cap_bytes = rt.memory_limit_bytes
+    if not cap_bytes:
+        return
+    need = module.memory_need(params, inputs)
+    if need is not None and need.n_bytes > cap_bytes:
+        raise OutgrowsWorker(
+            f"{stage.value} would need about {need.n_bytes >> 20:,} MB ({need.why}), over this worker's "
+            f"cap of {cap_bytes >> 20:,} MB (BONSAI_WORKER_MEMORY_MB); run it on a worker with more memory "
+            "(README: Memory and disk)")
 
 
 def _memory_guard(rt: Runtime, run_id: int) -> contextlib.AbstractContextManager[object]:

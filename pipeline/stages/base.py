@@ -32,6 +32,9 @@ __all__ = [
     "Stage",
     "StageClients",
     "FanOut",
+    "MemoryNeed",
+    "no_memory_need",
+    "input_size",
     "ShardOutput",
     "NO_CLIENTS",
     "every_input",
@@ -108,6 +111,9 @@ class Stage(Protocol):
     nothing, `nothing_beyond_params`; None: never reuse). ``run(params, inputs, workdir, clients)``:
     ``inputs`` keyed ``"<stage>/<name>"``; ``workdir`` empty and the stage's own; ``clients`` the
     outside world it may use. ``FANOUT``: how it runs one shard per worker (`FanOut`), or None.
+    ``memory_need(params, inputs)``: its peak memory as estimated from the model card and its
+    inputs (`MemoryNeed`), or None when that does not grow with the model; a worker with a memory
+    cap refuses a run it cannot hold before starting it.
     """
 
     NAME: str
@@ -123,8 +129,28 @@ class Stage(Protocol):
         self, params: Any, inputs: Mapping[str, InputFile], workdir: Path, clients: StageClients = ...
     ) -> StageResult: ...
 
+    def memory_need(self, params: Any, inputs: Mapping[str, InputFile]) -> MemoryNeed | None: ...
+
     @property
     def FANOUT(self) -> FanOut | None: ...  # noqa: N802 - a module constant, as the stages spell it
+
+
+@dataclass(frozen=True)
+class MemoryNeed:
+    """About how much memory a stage's run will hold at its peak, and what makes that number."""
+
+    n_bytes: int
+    why: str
+
+
+def no_memory_need(params: Any, inputs: Mapping[str, InputFile]) -> MemoryNeed | None:
+    """`Stage.memory_need` of a stage whose memory does not grow with the model (None: no estimate)."""
+    return None
+
+
+def input_size(inputs: Mapping[str, InputFile], prefix: str) -> int:
+    """The bytes of every input whose key starts with ``prefix`` (``"download/"``: the source's files)."""
+    return sum(item.size_bytes for key, item in inputs.items() if key.startswith(prefix))
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from pipeline.stages.base import (
     inputs_of,
 )
 from pipeline.stages.base import every_input as select_inputs
+from pipeline.stages.base import no_memory_need as memory_need
 from pipeline.stages.base import nothing_beyond_params as cache_identity
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "VERSION",
     "FANOUT",
     "select_inputs",
+    "memory_need",
     "cache_identity",
     "MANIFEST_NAME",
     "SUMS_NAME",

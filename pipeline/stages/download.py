@@ -41,6 +41,7 @@ from pipeline.stages.base import (
     StageResult,
 )
 from pipeline.stages.base import every_input as select_inputs
+from pipeline.stages.base import no_memory_need as memory_need
 from pipeline.stages.sources import (
     ACCEPTED_FORMS,
     CHECKPOINT_PATTERNS,
@@ -55,6 +56,7 @@ __all__ = [
     "VERSION",
     "FANOUT",
     "select_inputs",
+    "memory_need",
     "HUB_FILES_NAME",
     "Params",
     "cache_identity",

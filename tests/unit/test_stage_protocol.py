@@ -12,7 +12,8 @@ import pytest
 
 from pipeline.core.states import STAGE_ORDER
 
-_PROTOCOL = ("NAME", "VERSION", "FANOUT", "make_params", "select_inputs", "cache_identity", "run")
+_PROTOCOL = ("NAME", "VERSION", "FANOUT", "make_params", "select_inputs", "cache_identity", "memory_need",
+             "run")
 
 
 @pytest.mark.parametrize(

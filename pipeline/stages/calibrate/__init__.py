@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pipeline.stages.base import every_input as select_inputs
 from pipeline.stages.base import nothing_beyond_params as cache_identity
-from pipeline.stages.calibrate.stage import NAME, VERSION, Params, make_params, run
+from pipeline.stages.calibrate.stage import NAME, VERSION, Params, make_params, memory_need, run
 
-__all__ = ["NAME", "VERSION", "FANOUT", "Params", "make_params", "select_inputs", "cache_identity", "run"]
+__all__ = [
+    "NAME", "VERSION", "FANOUT", "Params", "make_params", "memory_need", "select_inputs", "cache_identity",
+    "run",
+]
 
 # Runs whole: no fan-out by shard.
 FANOUT = None

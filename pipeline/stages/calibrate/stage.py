@@ -48,7 +48,16 @@ from pipeline.calibration.sequences import TokenSequences
 from pipeline.calibration.text import text_sha256
 from pipeline.core.errors import InputError, IntegrityError
 from pipeline.formats.model_card import CARD_NAME, ModelCard
-from pipeline.stages.base import NO_CLIENTS, InputFile, OutputFile, StageClients, StageResult, inputs_of
+from pipeline.stages.base import (
+    NO_CLIENTS,
+    InputFile,
+    MemoryNeed,
+    OutputFile,
+    StageClients,
+    StageResult,
+    input_size,
+    inputs_of,
+)
 from pipeline.stages.calibrate.params import Params, make_params
 from pipeline.ternary.policy import LINEAR_KINDS
 
@@ -57,13 +66,31 @@ if TYPE_CHECKING:
     # may still be loading torch (an embedded job's calibrate never waits for it up front).
     from pipeline.calibration.reference import ReferenceBuilder, SourceReference
 
-__all__ = ["NAME", "VERSION", "Params", "make_params", "run"]
+__all__ = ["NAME", "VERSION", "Params", "make_params", "memory_need", "run"]
 
 NAME = "calibrate"
 VERSION = "1"
 
 log = logging.getLogger(__name__)
+_MARGIN_BYTES = 512 << 20
 _LINEAR = re.compile(r"^blk\.\d+\.(" + "|".join(LINEAR_KINDS) + r")\.weight$")
+
+
+def memory_need(params: Params, inputs: Mapping[str, InputFile]) -> MemoryNeed | None:
+    """The source's own run: llama.cpp holds a 16-bit copy of a safetensors source, a GGUF source as
+    stored, plus room for its context and Python."""
+    card_item = inputs.get(f"inspect/{CARD_NAME}")
+    if card_item is None:
+        return None
+    card = ModelCard.load(card_item.path, f"inspect/{CARD_NAME}")
+    if card.is_gguf:
+        held = input_size(inputs, "download/")
+        why = f"llama.cpp runs the source as stored ({held / 1e9:.2f} GB)"
+    else:
+        held = 2 * card.param_count
+        why = (f"llama.cpp runs the source as a 16-bit copy ({card.param_count / 1e9:.2f}B parameters "
+               "× 2 bytes)")
+    return MemoryNeed(held + _MARGIN_BYTES, f"{why} + 0.5 GB")
 
 
 def _threads() -> int:

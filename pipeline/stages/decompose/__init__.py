@@ -10,6 +10,7 @@ from pipeline.stages.decompose.stage import (
     Params,
     cache_identity,
     make_params,
+    memory_need,
     part_name,
     read_part_index,
     run,
@@ -23,6 +24,7 @@ __all__ = [
     "PART_FORMAT",
     "Params",
     "make_params",
+    "memory_need",
     "cache_identity",
 
     "select_inputs",

@@ -37,6 +37,7 @@ from pipeline.stages.base import (
     NO_CLIENTS,
     InputFile,
     JobSpec,
+    MemoryNeed,
     OutputFile,
     StageClients,
     StageResult,
@@ -53,12 +54,13 @@ if TYPE_CHECKING:
     from pipeline.stages.decompose.auto import Allocation
 
 __all__ = ["NAME", "VERSION", "PART_FORMAT", "FANOUT", "Params", "make_params", "select_inputs",
-           "cache_identity", "run", "read_part_index", "part_name"]
+           "cache_identity", "memory_need", "run", "read_part_index", "part_name"]
 
 NAME = "decompose"
 VERSION = "1"
 
 log = logging.getLogger(__name__)
+_BASE_BYTES = 1 << 30
 
 
 def device_fault(value: str) -> str | None:
@@ -104,6 +106,16 @@ def make_params(job: JobSpec) -> Params:
         raise InputError(f"option importance=imatrix weights the optimal fit; method={recipe.method!r} "
                          "ignores it: use method=optimal or drop importance")
     return Params(recipe=recipe, device=device, shards=tuple(shards), importance=str(importance))
+
+
+def memory_need(params: Params, inputs: Mapping[str, InputFile]) -> MemoryNeed | None:
+    """Tensors stream one at a time: a few float32 copies of the largest one (source, fit, codes)."""
+    if f"inspect/{CARD_NAME}" not in inputs or not (card := _load_card(inputs)).tensors:
+        return None
+    largest = max(card.tensors, key=lambda tensor: tensor.numel)
+    return MemoryNeed(_BASE_BYTES + 3 * 4 * largest.numel,
+                      f"1 GB + 3 float32 copies of its largest tensor ({largest.name}, "
+                      f"{4 * largest.numel / 1e6:,.0f} MB each)")
 
 
 def cache_identity(params: Params, clients: StageClients = NO_CLIENTS) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pipeline.stages.base import every_input as select_inputs
+from pipeline.stages.base import no_memory_need as memory_need
 from pipeline.stages.base import nothing_beyond_params as cache_identity
 from pipeline.stages.inspect.stage import (
     CARD_NAME,
@@ -22,6 +23,7 @@ __all__ = [
     "SUPPORTED_ARCHITECTURES",
     "Params",
     "make_params",
+    "memory_need",
     "select_inputs",
     "cache_identity",
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pipeline.stages.base import every_input as select_inputs
+from pipeline.stages.base import no_memory_need as memory_need
 from pipeline.stages.base import nothing_beyond_params as cache_identity
 from pipeline.stages.package.stage import (
     NAME,
@@ -19,6 +20,7 @@ __all__ = [
     "FANOUT",
     "Params",
     "make_params",
+    "memory_need",
     "select_inputs",
     "cache_identity",
 

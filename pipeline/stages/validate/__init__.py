@@ -13,6 +13,7 @@ from pipeline.stages.validate.stage import (
     ValidationFailed,
     first_answer,
     make_params,
+    memory_need,
     repetition_of,
     run,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "Check",
     "ValidationFailed",
     "make_params",
+    "memory_need",
     "select_inputs",
     "cache_identity",
 

@@ -44,7 +44,15 @@ from pipeline.core.errors import InputError, IntegrityError
 from pipeline.core.verdicts import Verdict
 from pipeline.formats.decompose_report import REPORT_NAME as DECOMPOSE_REPORT
 from pipeline.formats.decompose_report import DecomposeReport
-from pipeline.stages.base import NO_CLIENTS, InputFile, OutputFile, StageClients, StageResult
+from pipeline.stages.base import (
+    NO_CLIENTS,
+    InputFile,
+    MemoryNeed,
+    OutputFile,
+    StageClients,
+    StageResult,
+    input_size,
+)
 from pipeline.stages.validate import file_checks
 from pipeline.stages.validate.judge import (
     Check,
@@ -71,6 +79,7 @@ __all__ = [
     "ValidationFailed",
     "ValidationReport",
     "make_params",
+    "memory_need",
     "run",
     "repetition_of",
     "first_answer",
@@ -172,6 +181,14 @@ def _checks(
         "chat": asdict(source.chat) if source and source.chat else None,
     }
     return checks, side
+
+
+def memory_need(params: Params, inputs: Mapping[str, InputFile]) -> MemoryNeed | None:
+    """llama.cpp maps the converted file, all of it (what the user will run anyway), plus its context."""
+    size = input_size(inputs, "package/")
+    if not size:
+        return None
+    return MemoryNeed(size + (512 << 20), f"llama.cpp maps the converted file ({size / 1e9:.2f} GB) + 0.5 GB")
 
 
 def run(

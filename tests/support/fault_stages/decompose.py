@@ -16,11 +16,15 @@ from pipeline.stages.decompose import (
     Params,
     cache_identity,
     make_params,
+    memory_need,
     select_inputs,
 )
 from pipeline.stages.decompose import run as real_run
 
-__all__ = ["NAME", "VERSION", "FANOUT", "Params", "make_params", "select_inputs", "cache_identity", "run"]
+__all__ = [
+    "NAME", "VERSION", "FANOUT", "Params", "make_params", "memory_need", "select_inputs", "cache_identity",
+    "run",
+]
 
 _CHUNK_BYTES = 64 << 20
 _MAX_HOG_BYTES = 6 << 30  # never past this, whatever happens

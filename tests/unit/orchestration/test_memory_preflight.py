@@ -1,0 +1,62 @@
+"""A worker with a memory cap refuses, before starting, a stage whose estimated peak outgrows it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pipeline.core.errors import OutgrowsWorker
+from pipeline.core.settings import Settings
+from pipeline.core.states import StageName
+from pipeline.formats.model_card import CARD_NAME, CardTensor, ModelCard
+from pipeline.orchestration.bootstrap import build_runtime
+from pipeline.orchestration.execution import _refuse_if_too_big
+from pipeline.stages import calibrate, decompose, download, validate
+from pipeline.stages.base import InputFile, JobSpec
+
+GB = 1 << 30
+
+
+def _inputs(tmp_path: Path) -> dict[str, InputFile]:
+    # A 2.8B-parameter checkpoint's card: its largest tensor is the 128k x 3072 embedding.
+    embedding = CardTensor("model.embed_tokens.weight", (128256, 3072), "BF16", "model.safetensors")
+    layer = CardTensor("model.layers.0.mlp.up_proj.weight", (8192, 3072), "BF16", "model.safetensors")
+    card = ModelCard(architecture="llama", hf_architecture="LlamaForCausalLM", config={},
+                     format="safetensors", shards=("model.safetensors",), tensors=(embedding, layer),
+                     param_count=2_820_000_000, dtypes={"BF16": 2})
+    path = tmp_path / CARD_NAME
+    card.write(path)
+    return {
+        f"inspect/{CARD_NAME}": InputFile(CARD_NAME, path, "", path.stat().st_size),
+        "download/model.safetensors": InputFile("model.safetensors", path, "", 5_640_000_000),
+        "package/model.gguf": InputFile("model.gguf", path, "", 1_100_000_000),
+    }
+
+
+def test_stages_estimate_their_peak_from_the_card(tmp_path: Path) -> None:
+    inputs = _inputs(tmp_path)
+    job = JobSpec("acme/big", "tq2_0")
+    source = calibrate.memory_need(calibrate.make_params(job), inputs)
+    assert source is not None and 5.6e9 < source.n_bytes < 6.3e9 and "2.82B parameters" in source.why
+    fit = decompose.memory_need(decompose.make_params(job), inputs)
+    assert fit is not None and fit.n_bytes == GB + 12 * 128256 * 3072
+    assert "model.embed_tokens.weight" in fit.why
+    run = validate.memory_need(validate.make_params(job), inputs)
+    assert run is not None and run.n_bytes == 1_100_000_000 + GB // 2
+    assert download.memory_need(download.make_params(job), inputs) is None, "does not grow with the model"
+
+
+def test_a_capped_worker_refuses_what_it_cannot_hold_and_names_both_numbers(tmp_path: Path) -> None:
+    inputs = _inputs(tmp_path)
+    rt = build_runtime(Settings(home=tmp_path / "home"))
+    params = calibrate.make_params(JobSpec("acme/big", "tq2_0"))
+    stage = StageName.CALIBRATE
+    _refuse_if_too_big(rt, calibrate, params, inputs, stage)  # no cap: never refuses
+    _refuse_if_too_big(replace(rt, memory_limit_bytes=8 * GB), calibrate, params, inputs, stage)
+    with pytest.raises(OutgrowsWorker) as refused:
+        _refuse_if_too_big(replace(rt, memory_limit_bytes=4 * GB), calibrate, params, inputs, stage)
+    message = str(refused.value)
+    assert "calibrate would need about 5,890 MB" in message and "cap of 4,096 MB" in message
+    assert "BONSAI_WORKER_MEMORY_MB" in message and refused.value.is_retryable
