@@ -60,7 +60,7 @@ NAME = "decompose"
 VERSION = "1"
 
 log = logging.getLogger(__name__)
-_BASE_BYTES = 1 << 30
+_BASE_BYTES = 512 << 20
 
 
 def device_fault(value: str) -> str | None:
@@ -114,7 +114,7 @@ def memory_need(params: Params, inputs: Mapping[str, InputFile]) -> MemoryNeed |
         return None
     largest = max(card.tensors, key=lambda tensor: tensor.numel)
     return MemoryNeed(_BASE_BYTES + 3 * 4 * largest.numel,
-                      f"1 GB + 3 float32 copies of its largest tensor ({largest.name}, "
+                      f"0.5 GB + 3 float32 copies of its largest tensor ({largest.name}, "
                       f"{4 * largest.numel / 1e6:,.0f} MB each)")
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.core.errors import InputError
 from pipeline.stages import download
-from pipeline.stages.base import JobSpec
+from pipeline.stages.base import JobSpec, StageClients
 from pipeline.stages.sources import SourcePolicy, is_checkpoint_file
 
 
@@ -51,7 +51,7 @@ def test_the_download_stage_checks_the_policy_again(tmp_path: Path) -> None:
     (tmp_path / "work").mkdir()
     with pytest.raises(InputError, match="outside the allowed model folders"):
         download.run(download.make_params(JobSpec(str(models / "linked"))), {}, tmp_path / "work",
-                     source_policy=policy)
+                     StageClients(source_policy=policy))
 
 
 @pytest.mark.parametrize("name, taken", [
