@@ -7,7 +7,7 @@ no two jobs share a cache key and every stage really runs.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +23,6 @@ __all__ = [
     "memory_need",
     "select_inputs",
     "cache_identity",
-    "noop_run",
 ]
 
 # Runs whole: no fan-out by shard.
@@ -45,10 +44,17 @@ def cache_identity(params: Params, clients: StageClients = NO_CLIENTS) -> None:
     return None  # never reuse: the benchmark measures running stages, not cache hits
 
 
-def noop_run(name: str, params: Params, inputs: Mapping[str, InputFile], workdir: Path) -> StageResult:
-    digest = hashlib.sha256(params.source.encode())
-    for key in sorted(inputs):
-        digest.update(inputs[key].sha256.encode())
-    out = workdir / f"{name}.txt"
-    out.write_text(digest.hexdigest())
-    return StageResult(outputs=(OutputFile(f"{name}.txt", out, kind=f"noop-{name}"),))
+def noop_run(name: str) -> Callable[..., StageResult]:
+    """The `Stage.run` of the no-op stage ``name``: one small file from the source and input digests."""
+
+    def run(
+        params: Params, inputs: Mapping[str, InputFile], workdir: Path, clients: StageClients = NO_CLIENTS
+    ) -> StageResult:
+        digest = hashlib.sha256(params.source.encode())
+        for key in sorted(inputs):
+            digest.update(inputs[key].sha256.encode())
+        out = workdir / f"{name}.txt"
+        out.write_text(digest.hexdigest())
+        return StageResult(outputs=(OutputFile(f"{name}.txt", out, kind=f"noop-{name}"),))
+
+    return run

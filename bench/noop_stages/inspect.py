@@ -1,30 +1,9 @@
-"""No-op inspect stage for the orchestration benchmark."""
+"""No-op inspect stage for the orchestration benchmark (see bench.noop_stages)."""
 
-from __future__ import annotations
-
-from collections.abc import Mapping
-from pathlib import Path
-
-from bench.noop_stages import (
-    FANOUT,
-    VERSION,
-    Params,
-    cache_identity,
-    make_params,
-    memory_need,
-    noop_run,
-    select_inputs,
-)
-from pipeline.stages.base import NO_CLIENTS, InputFile, StageClients, StageResult
+from bench.noop_stages import *  # noqa: F403 - every hook but NAME and run is the package's
+from bench.noop_stages import __all__ as _shared
+from bench.noop_stages import noop_run
 
 NAME = "inspect"
-__all__ = [
-    "NAME", "VERSION", "FANOUT", "Params", "make_params", "memory_need", "select_inputs", "cache_identity",
-    "run",
-]
-
-
-def run(
-    params: Params, inputs: Mapping[str, InputFile], workdir: Path, clients: StageClients = NO_CLIENTS
-) -> StageResult:
-    return noop_run(NAME, params, inputs, workdir)
+run = noop_run(NAME)
+__all__ = [*_shared, "NAME", "run"]
