@@ -31,13 +31,12 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import IntegrityError
 from pipeline.core.option_fields import option, read_fields
-from pipeline.formats.jsonfile import load_json
+from pipeline.formats.jsonfile import ShapeError, as_dataclass, load_json
 
 __all__ = ["ProbeSpec", "ProbeRequest", "ProbeResult", "Generation", "Completion", "ChatReply", "TextRun",
            "Backend", "ProbeProcess", "run_probe", "DEFAULT_AGREEMENT_TEXT"]
@@ -181,9 +180,9 @@ class ProbeResult:
 
     @classmethod
     def from_document(cls, document: Mapping[str, Any]) -> ProbeResult:
-        """The one reader of a probe result's document; ValueError (pydantic's ValidationError)
-        when it is malformed (callers name the file)."""
-        return _result_adapter().validate_python(document)  # type: ignore[no-any-return]
+        """The one reader of a probe result's document; ShapeError (a ValueError) when it is
+        malformed (callers name the file)."""
+        return as_dataclass(cls, document)
 
     @classmethod
     def load(cls, path: Path, label: str) -> ProbeResult:
@@ -191,23 +190,8 @@ class ProbeResult:
         document = load_json(path, f"{label} probe result", max_bytes=_MAX_RESULT_BYTES, error=IntegrityError)
         try:
             return cls.from_document(document)
-        except ValueError as exc:
-            raise IntegrityError(f"{label} probe result is malformed ({_first_error(exc)})") from None
-
-
-@cache
-def _result_adapter() -> Any:
-    from pydantic import TypeAdapter
-
-    return TypeAdapter(ProbeResult)
-
-
-def _first_error(exc: ValueError) -> str:
-    errors = getattr(exc, "errors", None)
-    if callable(errors) and errors():
-        first = errors()[0]
-        return f"{'.'.join(map(str, first['loc'])) or 'the document'}: {first['msg']}"
-    return str(exc)
+        except ShapeError as exc:
+            raise IntegrityError(f"{label} probe result is malformed ({exc})") from None
 
 
 def _without_traceback(stderr: str) -> str:

@@ -14,13 +14,12 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import IntegrityError
 from pipeline.core.files import write_json
-from pipeline.formats.jsonfile import load_json
+from pipeline.formats.jsonfile import ShapeError, as_dataclass, load_json
 
 __all__ = [
     "REPORT_FORMAT", "REPORT_NAME", "TensorReport", "Aggregate", "Totals", "Fallback", "SearchTrial",
@@ -268,12 +267,10 @@ class DecomposeReport:
 
     def to_document(self) -> dict[str, Any]:
         """The JSON object: header fields at the top level, as reports have always been written."""
-        body = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("header", "extra")}
-        document: dict[str, Any] = {**asdict(self.header), **self.extra}
-        for name, value in body.items():
-            document[name] = _plain(value)
-        document["layers"] = {str(k): asdict(v) for k, v in self.layers.items()}
-        return document
+        body = asdict(self)
+        header, extra = body.pop("header"), body.pop("extra")
+        body["layers"] = {str(k): v for k, v in body["layers"].items()}
+        return {**header, **extra, **body}
 
     def write(self, path: Path) -> str:
         """Write the report atomically at `path`; returns the JSON text."""
@@ -282,8 +279,6 @@ class DecomposeReport:
     @classmethod
     def from_document(cls, document: Any, label: str = REPORT_NAME) -> DecomposeReport:
         """The report in a parsed JSON document; IntegrityError naming `label` when it is not one."""
-        from pydantic import ValidationError
-
         if not isinstance(document, Mapping) or document.get("format") != REPORT_FORMAT:
             raise IntegrityError(f"{label}: not a {REPORT_FORMAT} document; {_FIX}")
         header_keys = {f.name for f in fields(ReportHeader)}
@@ -294,34 +289,15 @@ class DecomposeReport:
             "extra": {k: v for k, v in document.items() if k not in header_keys | body_keys},
         }
         try:
-            return _adapter().validate_python(shaped)  # type: ignore[no-any-return]
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'the document'}: {e['msg']}" for e in exc.errors()[:3]
-            )
-            raise IntegrityError(f"{label}: not a valid decompose report ({problems}); {_FIX}") from None
+            return as_dataclass(cls, shaped)
+        except ShapeError as exc:
+            raise IntegrityError(f"{label}: not a valid decompose report ({exc}); {_FIX}") from None
 
     @classmethod
     def load(cls, path: Path, label: str = REPORT_NAME) -> DecomposeReport:
         """Read a report from `path` (at most 64 MB)."""
         document = load_json(path, label, max_bytes=_MAX_BYTES, error=IntegrityError, fix=_FIX)
         return cls.from_document(document, label)
-
-
-@cache
-def _adapter() -> Any:
-    # Built on first use: pydantic compiles the whole dataclass tree into one validator.
-    from pydantic import TypeAdapter
-
-    return TypeAdapter(DecomposeReport)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    if hasattr(value, "__dataclass_fields__"):
-        return asdict(value)
-    return value
 
 
 def _ratio(num: float, den: float) -> float | None:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pipeline.core.errors import InputError, PipelineError
 
-__all__ = ["load_json", "MAX_JSON_BYTES"]
+__all__ = ["load_json", "as_dataclass", "ShapeError", "MAX_JSON_BYTES"]
+
+T = TypeVar("T")
 
 # tokenizer.json of a 256k-token vocabulary is ~30 MB; nothing legitimate comes near this.
 MAX_JSON_BYTES = 256 * 1024 * 1024
@@ -50,3 +52,26 @@ def load_json(
         raise error(f"{label}: nested too deeply to be a JSON document here{hint}") from exc
     except ValueError as exc:
         raise error(f"{label}: not valid JSON ({exc}){hint}") from exc
+
+
+class ShapeError(ValueError):
+    """A document that is not the dataclass it should be; its text names the first problems and where."""
+
+
+def as_dataclass(cls: type[T], document: Any, most: int = 3) -> T:
+    """A parsed JSON document as dataclass ``cls``, nested dataclasses, tuples and mappings included,
+    each value checked against its field's type; ShapeError naming up to ``most`` problems."""
+    from pydantic import TypeAdapter, ValidationError
+
+    adapter = _ADAPTERS.get(cls)
+    if adapter is None:
+        adapter = _ADAPTERS[cls] = TypeAdapter(cls)
+    try:
+        return adapter.validate_python(document)  # type: ignore[no-any-return]
+    except ValidationError as exc:
+        raise ShapeError("; ".join(f"{'.'.join(map(str, e['loc'])) or 'the document'}: {e['msg']}"
+                                   for e in exc.errors()[:most])) from None
+
+
+# Built on first use and kept: pydantic compiles a whole dataclass tree into one validator.
+_ADAPTERS: dict[type, Any] = {}
