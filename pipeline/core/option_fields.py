@@ -93,7 +93,8 @@ def _default(item: Field[Any]) -> Any:
     return item.default_factory() if item.default_factory is not MISSING else None
 
 
-_KINDS: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool}
+# The kinds `read_fields` converts a value to (a list field is left to its stage).
+_CONVERTERS: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool}
 
 
 def read_fields(cls: type, options: Mapping[str, Any], who: str,
@@ -105,7 +106,7 @@ def read_fields(cls: type, options: Mapping[str, Any], who: str,
     for item in fields(cls):
         doc: OptionDoc | None = item.metadata.get(_KEY)
         key = (doc.key if doc else "") or item.name
-        kind = _KINDS.get(str(item.type).removesuffix(" | None"))
+        kind = _CONVERTERS.get(_KIND_OF_TYPE.get(str(item.type), ""))
         if item.name in skip or key not in options or kind is None:
             continue
         raw = options[key]
