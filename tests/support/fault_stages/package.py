@@ -9,22 +9,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pipeline.stages.base import NO_CLIENTS, InputFile, StageClients, StageResult
-from pipeline.stages.package import (
-    FANOUT,
-    NAME,
-    VERSION,
-    Params,
-    cache_identity,
-    make_params,
-    memory_need,
-    select_inputs,
-)
+from pipeline.stages.package import *  # noqa: F403 - the real stage's hooks; only run is wrapped
+from pipeline.stages.package import Params, __all__  # noqa: F401
 from pipeline.stages.package import run as real_run
-
-__all__ = [
-    "NAME", "VERSION", "FANOUT", "Params", "make_params", "memory_need", "select_inputs", "cache_identity",
-    "run",
-]
 
 
 def run(
