@@ -26,6 +26,7 @@ from pipeline.core.errors import IntegrityError
 from pipeline.core.states import LinkDirection, StageState
 from pipeline.db import repo
 from pipeline.db.models import StageRun
+from pipeline.stages import load_stage
 from pipeline.stages.base import InputFile, ShardOutput, Stage
 
 __all__ = [
@@ -108,9 +109,6 @@ def settle_parent(session: Session, store: Any, parent_id: int, max_attempts: in
 def _merge_into(
     store: Any, parent: StageRun, children: list[StageRun], record: Any, session: Session
 ) -> None:
-    # Loaded here: the decompose package loads torch, which `bonsai convert` needs only in that stage.
-    from pipeline.stages import load_stage
-
     fan_out = load_stage(parent.stage).FANOUT
     if fan_out is None:
         raise IntegrityError(f"stage {parent.stage} has shard runs but does not fan out; retry the stage")
