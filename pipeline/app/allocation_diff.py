@@ -50,15 +50,16 @@ def allocation_diff(job: Job, other: Job) -> dict[str, Any]:
         diff["error"] = (f"{' and '.join(missing)} made no auto allocation (recipe auto, decompose "
                          "succeeded); nothing to compare")
         return diff
+    both = sorted(set(here) & set(there))
     moved: dict[str, list[dict[str, str]]] = {"up": [], "down": []}
-    for name in sorted(set(here) & set(there)):
+    for name in both:
         was, now = there[name], here[name]
         if was != now:
             way = "up" if _rank(now) > _rank(was) else "down"
             moved[way].append({"tensor": name, "from": was, "to": now})
     diff.update(
         up=moved["up"], down=moved["down"],
-        unchanged=sum(1 for name in set(here) & set(there) if here[name] == there[name]),
+        unchanged=len(both) - len(moved["up"]) - len(moved["down"]),
         only_here=sorted(set(here) - set(there)), only_there=sorted(set(there) - set(here)),
     )
     return diff
