@@ -127,6 +127,10 @@ class LocalCache:
         self.evict(keep=final)
         return path or final
 
+    def discard(self, sha256: str) -> None:
+        """Drop the entry unless a stage on this machine holds it (it goes with the next eviction then)."""
+        _remove_unheld(self.entry_path(sha256))
+
     def _hold(self, fd: int) -> None:
         activity = current_activity()
         if activity is None:
@@ -161,22 +165,11 @@ class LocalCache:
                 break
             if path == keep:
                 continue
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                total -= size
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
+            removed = _remove_unheld(path)
+            if removed is None:
                 continue  # a stage on this machine holds it
-            try:
-                path.unlink(missing_ok=True)
-            finally:
-                os.close(fd)
             total -= size
-            freed += size
+            freed += size if removed else 0
         return freed
 
     def _clear_stale_tmp(self) -> None:
@@ -187,3 +180,21 @@ class LocalCache:
                     shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
             except FileNotFoundError:
                 continue
+
+
+def _remove_unheld(path: Path) -> bool | None:
+    """Unlink the entry unless someone holds it: True if removed, False if already gone, None if held."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    try:
+        path.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
+    return True

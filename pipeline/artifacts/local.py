@@ -147,6 +147,15 @@ class LocalStore:
         # bundles and API answers, where the server's folders are nobody's business.
         return f"{LOCAL_URI_PREFIX}{check_digest(sha256)}"
 
+    def remove(self, sha256: str) -> int:
+        final = self._final_path(sha256)
+        try:
+            size = final.stat().st_size
+            final.unlink()
+        except FileNotFoundError:
+            return 0
+        return size
+
     def remove_tmp(self) -> int:
         """Delete leftovers of interrupted puts; returns how many were removed."""
         count = 0

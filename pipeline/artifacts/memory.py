@@ -50,3 +50,7 @@ class MemoryStore:
 
     def uri(self, sha256: str) -> str:
         return f"memory://{check_digest(sha256)}"
+
+    def remove(self, sha256: str) -> int:
+        (self._spill / check_digest(sha256)).unlink(missing_ok=True)
+        return len(self._blobs.pop(sha256, b""))

@@ -191,6 +191,15 @@ class S3Store:
         path = self.cache.entry_path(sha256)
         return path if path.is_file() else None
 
+    def remove(self, sha256: str) -> int:
+        size = self._size_of(sha256)
+        self.cache.discard(sha256)
+        if size is None:
+            return 0
+        with self._errors(f"deleting {self.uri(sha256)}"):
+            self._client.delete_object(Bucket=self.location.bucket, Key=self.location.key(sha256))
+        return size
+
     # --- requests ------------------------------------------------------------------------------
 
     def _size_of(self, sha256: str) -> int | None:

@@ -67,6 +67,10 @@ class ArtifactStore(Protocol):
         """The URI recorded in the database for this digest."""
         ...
 
+    def remove(self, sha256: str) -> int:
+        """Delete the stored bytes (`bonsai gc` alone calls it): the bytes freed, 0 when absent."""
+        ...
+
 
 def put_all(store: ArtifactStore, files: Sequence[tuple[Path, str | None]]) -> list[StoredArtifact]:
     """`store.put(path, expected_sha256)` for every file, in parallel across cores; results in order.

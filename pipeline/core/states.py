@@ -148,7 +148,8 @@ _JOB_MOVES: dict[JobState, frozenset[JobState]] = {
     _J.RUNNING: frozenset({_J.SUCCEEDED, _J.FAILED, _J.CANCELLED}),
     # A retry reopens a finished job; its earlier attempts stay recorded.
     _J.SUCCEEDED: frozenset({_J.RUNNING}),
-    _J.FAILED: frozenset({_J.RUNNING}),
+    # Cancelling a failed job gives up on retrying it: `bonsai gc` may then take its bytes.
+    _J.FAILED: frozenset({_J.RUNNING, _J.CANCELLED}),
     _J.CANCELLED: frozenset({_J.RUNNING}),
 }
 

@@ -27,7 +27,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship,
 
 from pipeline.core.states import JobState, LinkDirection, StageName, StageState
 
-__all__ = ["Base", "Job", "StageRun", "Artifact", "RunArtifact", "Provenance", "Worker", "utcnow"]
+__all__ = ["Base", "Job", "StageRun", "Artifact", "RunArtifact", "Provenance", "Pin", "Worker", "utcnow"]
 
 
 def utcnow() -> datetime:
@@ -149,6 +149,26 @@ class Artifact(Base):
     uri: Mapped[str] = mapped_column(String(2048))
     media_type: Mapped[str] = mapped_column(String(128))
     created_by_run_id: Mapped[int | None] = mapped_column(ForeignKey("stage_runs.id"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # When `bonsai gc` removed the bytes (the row, digest and provenance stay); None while they are kept.
+    # Storing the same bytes again clears it.
+    released_at: Mapped[datetime | None]
+
+
+class Pin(Base):
+    """Bytes `bonsai gc` must keep: pinned by hand (`bonsai pin`), or a GGUF that was published."""
+
+    __tablename__ = "pins"
+    __table_args__ = (
+        UniqueConstraint("artifact_sha256", "reason", "note", name="uq_pins_artifact_reason_note"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    artifact_sha256: Mapped[str] = mapped_column(ForeignKey("artifacts.sha256"), index=True)
+    # "pin" (by hand) or "published" (held only by `gc --keep-published`).
+    reason: Mapped[str] = mapped_column(String(16))
+    # Who pinned it, or where it was published.
+    note: Mapped[str] = mapped_column(String(1024), default="")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

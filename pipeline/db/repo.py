@@ -192,6 +192,8 @@ def record_artifact(
     """
     artifact = session.get(Artifact, sha256)
     if artifact is not None:
+        if artifact.released_at is not None:
+            artifact.released_at = None  # the caller stored the bytes again
         return artifact
     from sqlalchemy.dialects import postgresql, sqlite
 

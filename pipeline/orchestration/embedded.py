@@ -25,6 +25,7 @@ from pipeline.db.session import session_scope
 from pipeline.orchestration.execution import execute_run
 from pipeline.orchestration.progression import Advance, advance_job
 from pipeline.orchestration.runtime import Runtime
+from pipeline.orchestration.store_gc import release_source
 
 __all__ = ["run_job", "StageEvent", "warm_up"]
 
@@ -103,7 +104,10 @@ def run_job(rt: Runtime, job_id: int, on_event: Callable[[StageEvent], None] | N
     ``rt.stage_threads`` at once); returns the job's final state."""
     warm_up(_ternary_type(rt, job_id))
     with ThreadPoolExecutor(max_workers=rt.stage_threads, thread_name_prefix=f"bonsai-job{job_id}") as pool:
-        return _JobRun(rt, job_id, on_event or (lambda _event: None), pool).run()
+        state = _JobRun(rt, job_id, on_event or (lambda _event: None), pool).run()
+    if state is JobState.SUCCEEDED:
+        release_source(rt.sessions, rt.store, job_id)
+    return state
 
 
 class _JobRun:

@@ -76,6 +76,11 @@ def gather_inputs(session: Session, store: ArtifactStore, job: Job, stage: Stage
             if link.direction != LinkDirection.OUT:
                 continue
             artifact = link.artifact
+            if artifact.released_at is not None:
+                raise InputError(
+                    f"job {job.id}: stage {stage.value} reads {upstream.value}'s {link.name}, whose bytes "
+                    f"`bonsai gc` removed on {artifact.released_at:%Y-%m-%d %H:%M} UTC; retry from "
+                    f"{upstream.value} to make them again")
             inputs[f"{upstream.value}/{link.name}"] = InputFile(
                 name=link.name,
                 path=store.path(artifact.sha256),

@@ -14,8 +14,17 @@ import yaml
 from sqlalchemy.orm import Session
 
 from pipeline.core.errors import InputError
-from pipeline.core.states import DONE_STATES, STAGE_ORDER, JobState, StageName, StageState, upstream_of
+from pipeline.core.states import (
+    DONE_STATES,
+    STAGE_ORDER,
+    JobState,
+    LinkDirection,
+    StageName,
+    StageState,
+    upstream_of,
+)
 from pipeline.db import repo
+from pipeline.db.models import StageRun
 from pipeline.orchestration import coordinator
 from pipeline.orchestration.plan import plan_for
 from pipeline.provenance.statements import redact
@@ -221,6 +230,10 @@ def retry_job(session: Session, job_id: int, from_stage: StageName | None, force
     if upstream_missing:
         raise InputError(f"job {job_id}: cannot retry from {first.value} before "
                          f"{', '.join(upstream_missing)} succeeded; retry from {upstream_missing[0]}")
+    released = [s.value for s in upstream_of(first, plan.inputs) if _released_outputs(latest[s])]
+    if released:
+        raise InputError(f"job {job_id}: `bonsai gc` removed the stored outputs of {', '.join(released)}, "
+                         f"which {first.value} reads; retry from {released[0]} to make them again")
     run_ids = []
     for stage in stages:
         run = repo.new_attempt(session, job, stage)
@@ -232,10 +245,20 @@ def retry_job(session: Session, job_id: int, from_stage: StageName | None, force
     return run_ids
 
 
+def _released_outputs(run: StageRun) -> bool:
+    return any(link.direction == LinkDirection.OUT and link.artifact.released_at is not None
+               for link in run.links)
+
+
 def cancel_job(session: Session, job_id: int, cancelled_by: str = "user") -> list[str]:
     """Cancel the job and its unfinished attempts; returns task ids of attempts to revoke.
-    The job's message names `cancelled_by`."""
+    The job's message names `cancelled_by`. A failed job can be cancelled too: it is given up (no
+    retry is expected, so `bonsai gc` may take its bytes), and its message keeps the failure."""
     job = repo.get_job(session, job_id)
+    if job.status is JobState.FAILED:
+        repo.set_job_state(session, job, JobState.CANCELLED,
+                           error_message=f"cancelled by {cancelled_by} after it failed: {job.error_message}")
+        return []
     if job.status.is_final:
         raise InputError(f"job {job_id} is already {job.status}; nothing to cancel")
     revoke = []

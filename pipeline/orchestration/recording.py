@@ -19,7 +19,7 @@ from pipeline.artifacts.activity import current_activity
 from pipeline.artifacts.store import ArtifactStore, put_all
 from pipeline.core.errors import error_kind
 from pipeline.core.states import LinkDirection, StageState
-from pipeline.db import repo
+from pipeline.db import repo, retention
 from pipeline.db.models import StageRun, utcnow
 from pipeline.orchestration.runtime import Runtime
 from pipeline.provenance import signing
@@ -43,6 +43,7 @@ def reuse_cached(session: Session, store: ArtifactStore, run: StageRun, key: str
     if source is None:
         return False
     outputs = [link for link in source.links if link.direction == LinkDirection.OUT]
+    retention.hold_store_shared(session)  # gc must not take the bytes between this check and the commit
     if not all(store.has(link.artifact_sha256) for link in outputs):
         return False  # the store lost bytes: recompute rather than hand out a hole
     for link in outputs:
@@ -72,6 +73,8 @@ def record_success(
     inputs: Mapping[str, InputFile],
     result: StageResult,
 ) -> None:
+    # From storing the outputs (maybe finding equal bytes stored already) to linking them: no gc.
+    retention.hold_store_shared(session)
     finished_at = utcnow()
     device = str(result.metrics.get("device", "cpu"))
     facts = provenance.BuildFacts(

@@ -3,7 +3,8 @@
 For each artifact reached, the audit checks, in this order:
 
 1. it has an Artifact row, its bytes are in the store, and they hash to the row's digest
-   and size (a changed file is reported as "tampered", with both digests);
+   and size (a changed file is reported as "tampered", with both digests); bytes that
+   `bonsai gc` removed are not a problem: the node says "bytes not retained";
 2. it has at least one provenance statement, each of which names it as subject, was made
    by a run that recorded it as an output, and lists exactly the inputs that run recorded;
 3. when a public key is given, each statement carries a valid DSSE signature by that key
@@ -65,6 +66,8 @@ class AuditReport:
     problems: list[Problem] = field(default_factory=list)
     statements: int = 0
     rehashed_bytes: int = 0
+    # Artifacts whose bytes `bonsai gc` removed: their records are checked, their bytes cannot be.
+    not_retained: int = 0
     is_rehashed: bool = True
     signatures: dict[str, int] = field(default_factory=lambda: {"valid": 0, "unsigned": 0, "bad": 0})
     key_id: str | None = None
@@ -85,6 +88,7 @@ class AuditReport:
             "statements": self.statements,
             "rehashed": self.is_rehashed,
             "rehashed_bytes": self.rehashed_bytes,
+            "not_retained": self.not_retained,
             "signatures": {**self.signatures, "key_id": self.key_id},
             "elapsed_s": round(self.elapsed_s, 3),
             "nodes": self.nodes,
@@ -173,14 +177,21 @@ class _Walker:
             node["ok"] = False
             return
         node.update(kind=artifact.kind, size_bytes=artifact.size_bytes, media_type=artifact.media_type)
-        self._check_bytes(name, artifact)
+        self._check_bytes(name, artifact, node)
         deps = self._check_statements(name, artifact, node)
         node["ok"] = len(self.report.problems) == before
         for dep_name, dep_sha in deps:
             self.visit(dep_name, dep_sha)
 
-    def _check_bytes(self, name: str, artifact: Artifact) -> None:
+    def _check_bytes(self, name: str, artifact: Artifact, node: dict[str, Any]) -> None:
         sha256 = artifact.sha256
+        if artifact.released_at is not None and not self.store.has(sha256):
+            # Removed on purpose: the records (rows, digests, statements) are still checked.
+            self.report.not_retained += 1
+            node["retained"] = False
+            node["note"] = (f"bytes not retained: `bonsai gc` removed them on "
+                            f"{artifact.released_at:%Y-%m-%d %H:%M} UTC; the digest and statements remain")
+            return
         if not self.store.has(sha256):
             self.problem(
                 "missing",

@@ -63,6 +63,9 @@ class JobOptions:
     target: str | None = option_fields.option(
         None, choices=TARGETS, help="where the GGUF will run; picks the recipe when none is given (cpu: "
         "tq2_0; cuda, metal, vulkan: q2_0) and warns about types that run slowly there")
+    keep_source: bool = option_fields.option(
+        True, help="keep the source's copy in the store once the job succeeds; false removes it then, "
+        "unless another unfinished job or a pin holds it (`bonsai gc` takes the rest later)")
 
 
 def _declared_options() -> dict[str, Option]:

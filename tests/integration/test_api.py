@@ -25,6 +25,7 @@ pytestmark = pytest.mark.services
 
 READ_TOKEN, READ_ENTRY = new_token("dashboard", ("read",))
 SUBMIT_TOKEN, SUBMIT_ENTRY = new_token("ci", ("submit",))
+ADMIN_TOKEN, ADMIN_ENTRY = new_token("ops", ("admin",))
 
 
 @dataclass
@@ -56,7 +57,7 @@ def api(pg_url: str, tmp_path: Path) -> Iterator[Api]:
     (source / "config.json").write_text('{"model_type": "llama"}\n')
     (source / "tokenizer_config.json").write_text("no weights here\n")
     settings = Settings(
-        home=tmp_path / "home", database_url=pg_url, api_tokens=f"{READ_ENTRY},{SUBMIT_ENTRY}",
+        home=tmp_path / "home", database_url=pg_url, api_tokens=f"{READ_ENTRY},{SUBMIT_ENTRY},{ADMIN_ENTRY}",
         source_roots=str(tmp_path),
     )
     migrate_database(settings)
@@ -148,8 +149,12 @@ def test_submit_list_detail_retry_and_cancel(api: Api) -> None:
     ]
     assert ("inspect", 1, "failed") in attempts and ("inspect", 2, "failed") in attempts
 
+    given_up = api.post(f"/api/jobs/{job_id}/cancel")
+    assert given_up.status_code == 200 and given_up.json()["revoked"] == 0
+    message = api.get(f"/api/jobs/{job_id}").json()["error_message"]
+    assert message.startswith("cancelled by api:ci after it failed: inspect failed"), message
     refused = api.post(f"/api/jobs/{job_id}/cancel")
-    assert refused.status_code == 400 and "already failed" in refused.json()["detail"]
+    assert refused.status_code == 400 and "already cancelled" in refused.json()["detail"]
     assert api.post("/api/jobs/999/cancel").status_code == 404
 
 
@@ -235,7 +240,7 @@ def test_server_files_cannot_be_taken_through_the_api(pg_url: str, tmp_path: Pat
     (models / "llama" / "escape").symlink_to(secrets)
     for roots in ("", str(models)):
         settings = Settings(home=tmp_path / f"home{len(roots)}", database_url=pg_url,
-                            api_tokens=f"{READ_ENTRY},{SUBMIT_ENTRY}", source_roots=roots)
+                            api_tokens=f"{READ_ENTRY},{SUBMIT_ENTRY},{ADMIN_ENTRY}", source_roots=roots)
         migrate_database(settings)
         app = create_app(settings, build_runtime(settings))
         with TestClient(app) as client:
@@ -251,3 +256,28 @@ def test_server_files_cannot_be_taken_through_the_api(pg_url: str, tmp_path: Pat
             assert api.get("/api/jobs").json() == []
             rows = api.get("/api/artifacts?kind=source-file")
             assert rows.status_code in (200, 404, 405) and "id_rsa" not in rows.text
+
+
+def test_gc_and_pins_are_for_admin_tokens_and_leave_the_records(api: Api) -> None:
+    detail = api.submit_and_wait()
+    job_id = detail["id"]
+    outputs = {o["name"]: o["sha256"] for stage in detail["stages"][:2] for o in stage["outputs"]}
+    manifest, config = outputs["manifest.json"], outputs["config.json"]
+    assert api.post("/api/store/gc", {}).status_code == 403
+    assert api.post(f"/api/artifacts/{manifest}/pin", token=SUBMIT_TOKEN).status_code == 403
+
+    kept = api.post("/api/store/gc", {"dry_run": True}, token=ADMIN_TOKEN).json()
+    assert kept["removed"] == 0 and kept["kept"]["unfinished job"] == len(outputs), "a failed job can retry"
+    assert api.post(f"/api/jobs/{job_id}/cancel").json()["status"] == "cancelled"
+    assert api.post(f"/api/artifacts/{manifest[:12]}/pin", token=ADMIN_TOKEN).json()["pinned"]
+    assert api.post("/api/store/gc", {"older_than": "soon"}, token=ADMIN_TOKEN).status_code == 400
+
+    done = api.post("/api/store/gc", {}, token=ADMIN_TOKEN).json()
+    assert set(done["removed_sha256"]) == set(outputs.values()) - {manifest} and done["kept"]["pinned"] == 1
+    record = api.get(f"/api/artifacts/{config}").json()
+    assert record["released_at"] is not None and record["links"], "the record and its links stay"
+    gone = api.get(f"/api/artifacts/{config}/download")
+    assert gone.status_code == 410 and "bytes not retained" in gone.text
+    chain = api.get(f"/api/artifacts/{manifest}/chain?verify=true").json()
+    assert chain["ok"] and chain["not_retained"] == 2, chain
+    assert [p["reason"] for p in api.get(f"/api/artifacts/{manifest}").json()["pins"]] == ["pin"]

@@ -152,3 +152,16 @@ def test_an_unreachable_endpoint_is_retryable(s3_bucket: str, tmp_path: Path) ->
     with pytest.raises(TransientError, match="unreachable") as caught:
         store.put(_file(tmp_path, "a", b"x"))
     assert caught.value.is_retryable
+
+
+def test_remove_deletes_the_object_and_the_cached_copy(s3_bucket: str, tmp_path: Path) -> None:
+    store = _store(s3_bucket, tmp_path / "cache")
+    data = b"bytes gc will take\n" * 100
+    stored = store.put(_file(tmp_path, "kept.bin", data))
+    assert store.has(stored.sha256) and store.local_path(stored.sha256) is not None
+    assert store.remove(stored.sha256) == len(data)
+    assert not store.has(stored.sha256)
+    assert store.local_path(stored.sha256) is None
+    assert store.remove(stored.sha256) == 0, "removing what is gone frees nothing and does not fail"
+    with pytest.raises(KeyError):
+        store.path(stored.sha256)

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from pipeline.app.api.auth import ApiToken, require_scope
 from pipeline.artifacts.store import shareable_uri
 from pipeline.core.errors import InputError
+from pipeline.db import retention
 from pipeline.db.models import Artifact, Provenance, RunArtifact
 from pipeline.db.session import session_scope
 from pipeline.provenance.audit import audit_artifact, resolve_artifact
@@ -21,6 +22,7 @@ __all__ = ["router"]
 router = APIRouter(prefix="/api/artifacts", tags=["artifacts"])
 
 Reader = Annotated[ApiToken, Depends(require_scope("read"))]
+Admin = Annotated[ApiToken, Depends(require_scope("admin"))]
 
 
 def _artifact_or_404(session: Session, ref: str) -> Artifact:
@@ -56,6 +58,9 @@ def artifact(request: Request, _token: Reader, ref: str) -> dict[str, Any]:
             "uri": shareable_uri(item.uri, item.sha256),
             "created_by_run_id": item.created_by_run_id,
             "created_at": item.created_at.isoformat(),
+            "released_at": item.released_at.isoformat() if item.released_at else None,
+            "pins": [{"reason": p.reason, "note": p.note, "created_at": p.created_at.isoformat()}
+                     for p in retention.pins_of(session, item.sha256)],
             "links": _links(session, item.sha256),
         }
 
@@ -72,6 +77,10 @@ def download(request: Request, _token: Reader, ref: str) -> FileResponse:
             .limit(1)
         )
         media_type = item.media_type
+    if item.released_at is not None and not store.has(item.sha256):
+        raise HTTPException(status.HTTP_410_GONE, f"artifact {item.sha256}: bytes not retained "
+                            f"(`bonsai gc` removed them on {item.released_at:%Y-%m-%d %H:%M} UTC); "
+                            "rerun the stage that made it")
     if not store.has(item.sha256):
         raise HTTPException(status.HTTP_410_GONE, f"artifact {item.sha256} is recorded but not in the store")
     filename = (name or item.sha256).rsplit("/", 1)[-1]
@@ -119,3 +128,21 @@ def chain(
             session, rt.store, item.sha256, rehash=verify, public_key=request.app.state.public_key
         )
     return report.as_dict()
+
+
+@router.post("/{ref}/pin", summary="Keep the artifact's bytes whatever gc is told (admin)")
+def pin(request: Request, token: Admin, ref: str) -> dict[str, Any]:
+    with session_scope(request.app.state.rt.sessions) as session:
+        item = _artifact_or_404(session, ref)
+        try:
+            is_new = retention.pin(session, item, retention.PIN, token.actor)
+        except InputError as exc:
+            raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
+        return {"sha256": item.sha256, "pinned": True, "was_pinned": not is_new}
+
+
+@router.delete("/{ref}/pin", summary="Let gc take the artifact's bytes again (admin)")
+def unpin(request: Request, _token: Admin, ref: str) -> dict[str, Any]:
+    with session_scope(request.app.state.rt.sessions) as session:
+        item = _artifact_or_404(session, ref)
+        return {"sha256": item.sha256, "pinned": False, "was_pinned": retention.unpin(session, item) > 0}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from pipeline.app.cli import attempts, export, jobs, provenance, service  # noqa: F401 - importing registers the commands
+from pipeline.app.cli import attempts, export, jobs, provenance, service, store  # noqa: F401 - importing registers the commands
 from pipeline.app.cli.main import cli, exit_now
 
 __all__ = ["cli", "main"]

@@ -146,7 +146,9 @@ def submit(obj: CliContext, sources: tuple[str, ...], manifest: Path | None, rec
 @click.pass_obj
 @guard
 def cancel(obj: CliContext, job_id: int) -> None:
-    """Stop a job: unfinished attempts are cancelled and running tasks revoked."""
+    """Stop a job: unfinished attempts are cancelled and running tasks revoked.
+
+    A failed job is given up instead: no retry is expected, so `bonsai gc` may take its bytes."""
     from pipeline.db.session import session_scope
     from pipeline.orchestration.job_control import cancel_job
 

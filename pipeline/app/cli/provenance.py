@@ -54,6 +54,8 @@ def audit(obj: CliContext, artifact: str | None, job_id: int | None, no_rehash: 
         signed = (f"{report.signatures['valid']} signature(s) valid" if key is not None
                   else "signatures not checked (no public key configured)")
         checked = f"{report.rehashed_bytes:,} bytes re-hashed" if report.is_rehashed else "records only"
+        if report.not_retained:
+            checked += f" ({report.not_retained} artifact(s): bytes not retained, removed by `bonsai gc`)"
         click.echo(f"ok: {report.name} {sha256[:12]}: {len(report.nodes)} artifacts, {report.statements} "
                    f"statements, {checked} in {report.elapsed_s:.2f}s; {signed}")
     if not report.is_ok:

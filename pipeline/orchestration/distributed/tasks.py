@@ -10,7 +10,7 @@ from celery import Celery
 from celery.worker.request import Request
 from sqlalchemy import select
 
-from pipeline.core.states import StageName, StageState
+from pipeline.core.states import JobState, StageName, StageState
 from pipeline.db import repo
 from pipeline.db.models import StageRun
 from pipeline.db.session import session_scope
@@ -18,6 +18,7 @@ from pipeline.orchestration.distributed import worker_process
 from pipeline.orchestration.execution import execute_run
 from pipeline.orchestration.progression import WORKER_LOST
 from pipeline.orchestration.queues import TIME_LIMITS_S, task_name
+from pipeline.orchestration.store_gc import release_source
 
 __all__ = ["run_stage_run", "register_tasks", "StageRequest"]
 
@@ -41,7 +42,8 @@ def run_stage_run(run_id: int) -> str:
         dispatcher.after_shard(rt, parent_id, job_id)
     elif state.is_final:
         # Idempotent: a duplicate delivery finds the next stage already queued and waits.
-        dispatcher.advance(job_id)
+        if dispatcher.advance(job_id).final is JobState.SUCCEEDED:
+            release_source(rt.sessions, rt.store, job_id)
     return state.value
 
 
