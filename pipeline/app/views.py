@@ -64,6 +64,8 @@ def run_view(run: StageRun, store: ArtifactStore | None = None) -> dict[str, Any
             "kind": item.kind,
             "media_type": item.media_type,
             "uri": shareable_uri(item.uri, item.sha256),
+            # False once `bonsai gc` removed the bytes (the record and its lineage stay).
+            "retained": item.released_at is None,
         }
         # Only a path already on this machine: showing a job must not download its artifacts.
         local = store.local_path(item.sha256) if store is not None else None

@@ -300,4 +300,20 @@ def test_the_page_shows_the_auto_search(server: Server, browser: Any, demo_check
         "const i = document.querySelector('#sparsity img[alt^=\"size against\"]');"
         "return i && i.complete ? i.naturalWidth : 0;") or None, "candidates.png")
     assert width == 760
+
+    # A second budget, compared on the page with the first: the tensors that moved, each way.
+    second = server.bonsai("convert", str(demo_checkpoint), "--recipe", "auto", "--option", "target_bpw=3.0")
+    assert "decompose  ok" in second.stdout, second.stdout + second.stderr
+    expected = server.get("/api/jobs/2?against=1", READ_TOKEN)["allocation_diff"]
+    browser.get(f"{server.base}/#token={READ_TOKEN}&job=2")
+    wait(browser, lambda d: css(d, '#job-panel[data-job-id="2"]'), "job 2 shown")
+    css(browser, "#against-job")[0].send_keys("1")
+    css(browser, '#against-form button[type="submit"]')[0].click()
+    summary = wait(browser, lambda d: text_of(d, "#allocation-diff p") or None, "the allocation diff")
+    assert summary.startswith(f"{len(expected['up'])} up, {len(expected['down'])} down, "
+                              f"{expected['unchanged']} unchanged against job 1"), summary
+    moved = css(browser, "#allocation-diff tr.up, #allocation-diff tr.down")
+    assert len(moved) == len(expected["up"]) + len(expected["down"]) > 0, "a lower budget moves tensors down"
+    assert {row.find_element("css selector", "code").text for row in moved} == {
+        m["tensor"] for m in expected["up"] + expected["down"]}
     assert_no_policy_violations(browser)

@@ -112,6 +112,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("#submit-form").addEventListener("submit", (event) => guard(submitJob(event)));
   $("#retry-button").addEventListener("click", retryJob);
   $("#cancel-button").addEventListener("click", cancelJob);
+  $("#against-form").addEventListener("submit", (event) => guard(compareAllocation(event)));
   $("#verify").addEventListener("click", () => state.chainSha && showChain(state.chainSha, true));
   // A link with a new fragment opened in this tab does not reload the page.
   window.addEventListener("hashchange", () => {

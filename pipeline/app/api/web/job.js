@@ -12,6 +12,7 @@ function selectJob(jobId) {
   $("#retry-stage").value = "";
   $("#retry-force").checked = false;
   if (jobId !== state.chainJobId) $("#chain-panel").hidden = true;  // another job's lineage
+  $("#allocation-diff").replaceChildren();
   guard(loadJob());
 }
 
@@ -247,7 +248,9 @@ async function renderSparsity(runs) {
   if (box.dataset.report === (report && report.sha256)) return;  // already drawn
   box.dataset.report = report ? report.sha256 : "";
   const parts = [];
-  if (report) {
+  if (report && report.retained === false) {
+    parts.push(el("p", { class: "muted", text: "The decompose report's bytes are not retained (removed by gc)." }));
+  } else if (report) {
     const data = await api(`/api/artifacts/${report.sha256}/download`);
     parts.push(sparsityChart(data.layers || {}, data.totals || {}));
     const search = (data.allocation || {}).search;
@@ -302,7 +305,10 @@ function renderArtifacts(runs) {
           el("button", { type: "button", class: "provenance", onclick: () => showChain(out.sha256, false) },
             "lineage"),
           " ",
-          el("button", { type: "button", onclick: () => guard(download(out)) }, "download"))));
+          out.retained === false
+            ? el("span", { class: "muted", title: "removed by gc; the record and lineage stay",
+              text: "bytes not retained" })
+            : el("button", { type: "button", onclick: () => guard(download(out)) }, "download"))));
     }
   }
   $("#artifacts tbody").replaceChildren(...rows);
@@ -316,4 +322,27 @@ async function download(artifact) {
   link.click();
   link.remove();
   setTimeout(() => URL.revokeObjectURL(url), 60000);
+}
+
+// ---- the auto allocation against another job ----------------------------------------------------
+async function compareAllocation(event) {
+  event.preventDefault();
+  const other = Number($("#against-job").value);
+  const job = await api(`/api/jobs/${state.jobId}?against=${other}`);
+  $("#allocation-diff").replaceChildren(allocationDiff(job.allocation_diff));
+}
+
+function allocationDiff(diff) {
+  if (diff.error) return el("p", { class: "warn", text: diff.error });
+  const moved = [...diff.up.map((m) => ["up", m]), ...diff.down.map((m) => ["down", m])];
+  const summary = `${diff.up.length} up, ${diff.down.length} down, ${diff.unchanged} unchanged against job `
+    + `${diff.against}` + (diff.same_source ? "" : " (a different source)")
+    + (diff.only_here.length || diff.only_there.length
+      ? `; ${diff.only_here.length} tensors only here, ${diff.only_there.length} only there` : "");
+  const head = el("tr", {}, ...["tensor", `job ${diff.against}`, "this job", ""].map((text) => el("th", { text })));
+  const rows = moved.map(([way, m]) => el("tr", { class: way },
+    el("td", {}, el("code", { text: m.tensor })), el("td", { text: m.from }), el("td", { text: m.to }),
+    el("td", { text: way === "up" ? "▲ up" : "▼ down" })));
+  return el("div", { class: "allocation-diff" }, el("p", { text: summary }),
+    moved.length ? el("table", {}, head, ...rows) : el("p", { class: "muted", text: "No tensor moved." }));
 }
