@@ -56,16 +56,18 @@ def request_key(request: ProbeRequest) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class SourceAnswers:
-    """The source's run in llama.cpp: ``kind`` (``gguf-source``: the source file itself; ``hf-16bit``:
-    a 16-bit GGUF of the checkpoint), the probe result (logits not kept: the reference holds them),
-    and the request's deciding fields (`request_key`)."""
+    """How the source was run: ``kind`` (``gguf-source``: the source file itself in llama.cpp;
+    ``hf-16bit``: a 16-bit GGUF of the checkpoint in llama.cpp; ``torch-blockwise``: the checkpoint
+    in torch one block at a time, `calibration.torch_collect`), the probe result (logits not kept:
+    the reference holds them; None for ``torch-blockwise``, which makes the reference only and
+    generates no answers), and the request's deciding fields (`request_key`)."""
 
     kind: str
-    probe: ProbeResult
+    probe: ProbeResult | None
     request: Mapping[str, Any] = field(default_factory=dict)
 
     def to_info(self) -> dict[str, Any]:
-        probe = {**self.probe.to_document(), "logits_path": None}
+        probe = None if self.probe is None else {**self.probe.to_document(), "logits_path": None}
         return {"format": ANSWERS_FORMAT, "kind": self.kind, "probe": probe, "request": dict(self.request)}
 
     @classmethod
@@ -75,8 +77,9 @@ class SourceAnswers:
         if not isinstance(document, Mapping) or document.get("format") != ANSWERS_FORMAT:
             raise IntegrityError(f"the source reference holds no {ANSWERS_FORMAT} answers; {_FIX}")
         try:
-            probe = {**dict(document["probe"]), "logits_path": None}  # the reference holds the logits
-            return cls(kind=str(document["kind"]), probe=ProbeResult.from_document(probe),
-                       request=dict(document.get("request") or {}))
+            made = document["probe"]
+            # The reference holds the logits; a reference-only run (torch-blockwise) has no answers.
+            probe = None if made is None else ProbeResult.from_document({**dict(made), "logits_path": None})
+            return cls(kind=str(document["kind"]), probe=probe, request=dict(document.get("request") or {}))
         except (KeyError, TypeError, ValueError) as exc:
             raise IntegrityError(f"the source reference's answers are malformed ({exc!r}); {_FIX}") from exc

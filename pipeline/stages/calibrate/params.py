@@ -27,6 +27,7 @@ from pipeline.calibration.text import BUILTIN_NAME, builtin_text, check_disjoint
 from pipeline.core.errors import InputError
 from pipeline.core.option_fields import option, read_fields
 from pipeline.stages.base import JobSpec
+from pipeline.stages.calibrate.engines import ENGINES
 from pipeline.ternary.policy import importance_for
 
 __all__ = ["Params", "make_params", "IMPORTANCE_KINDS", "MAX_INLINE_BYTES", "needs_statistics"]
@@ -52,6 +53,10 @@ class Params:
                         low=1, high=4096)
     tail_samples: int = option(64, key="reference_tail_samples",
                                help="tail draws per position for the KL estimate", low=1, high=4096)
+    engine: str = option("auto", key="reference_engine", choices=ENGINES,
+                         help="how the source runs: llama (llama.cpp, the whole model; also answers the "
+                         "prompts), torch (one block at a time: memory flat in model size), auto (llama "
+                         "where it needs no more memory than torch, about 1B parameters and under)")
 
     @property
     def is_statistics(self) -> bool:

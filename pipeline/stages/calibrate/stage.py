@@ -28,7 +28,7 @@ import os
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,13 +58,16 @@ from pipeline.stages.base import (
     input_size,
     inputs_of,
 )
+from pipeline.stages.calibrate.engines import EngineChoice, choose_engine
 from pipeline.stages.calibrate.params import Params, make_params
 from pipeline.ternary.policy import LINEAR_KINDS
 
 if TYPE_CHECKING:
     # torch-backed: imported after the source has started running, while a background warm-up
     # may still be loading torch (an embedded job's calibrate never waits for it up front).
+    from pipeline.calibration.llama_collect import CollectReport
     from pipeline.calibration.reference import ReferenceBuilder, SourceReference
+    from pipeline.calibration.stats import ActivationStats
 
 __all__ = ["NAME", "VERSION", "Params", "make_params", "memory_need", "run"]
 
@@ -72,25 +75,18 @@ NAME = "calibrate"
 VERSION = "1"
 
 log = logging.getLogger(__name__)
-_MARGIN_BYTES = 512 << 20
 _LINEAR = re.compile(r"^blk\.\d+\.(" + "|".join(LINEAR_KINDS) + r")\.weight$")
 
 
 def memory_need(params: Params, inputs: Mapping[str, InputFile]) -> MemoryNeed | None:
-    """The source's own run: llama.cpp holds a 16-bit copy of a safetensors source, a GGUF source as
-    stored, plus room for its context and Python."""
+    """The source's run: llama.cpp holds the whole source (a 16-bit copy of a safetensors one), torch
+    one block at a time (`engines`); plus room for the context and Python."""
     card_item = inputs.get(f"inspect/{CARD_NAME}")
     if card_item is None:
         return None
     card = ModelCard.load(card_item.path, f"inspect/{CARD_NAME}")
-    if card.is_gguf:
-        held = input_size(inputs, "download/")
-        why = f"llama.cpp runs the source as stored ({held / 1e9:.2f} GB)"
-    else:
-        held = 2 * card.param_count
-        why = (f"llama.cpp runs the source as a 16-bit copy ({card.param_count / 1e9:.2f}B parameters "
-               "× 2 bytes)")
-    return MemoryNeed(held + _MARGIN_BYTES, f"{why} + 0.5 GB")
+    choice = choose_engine(card, params.engine, input_size(inputs, "download/"))
+    return MemoryNeed(choice.need_bytes, choice.why)
 
 
 def _threads() -> int:
@@ -123,31 +119,47 @@ def _empty_reference(n_vocab: int, params: Params) -> SourceReference:
     )
 
 
-def _agreement_sequences(probe: ProbeResult) -> TokenSequences:
-    tokens = probe.text.tokens if probe.text else ()
+def _agreement_sequences(tokens: tuple[int, ...]) -> TokenSequences:
     return TokenSequences((AGREEMENT,), (tokens,)) if len(tokens) >= 2 else TokenSequences((), ())
 
 
-def _collect(
-    source: Path, params: Params, agreement: TokenSequences, workdir: Path, n_threads: int
-) -> tuple[ReferenceBuilder, list[OutputFile], dict[str, Any], tuple[str, ...]]:
-    """Run the source over the calibration text (and the agreement text, for the reference only)."""
-    from pipeline.calibration.imatrix import Imatrix, write_imatrix
-    from pipeline.calibration.llama_collect import collect_with_llama_cpp
-    from pipeline.calibration.reference import ReferenceBuilder
+@dataclass
+class _SourceRun:
+    """What one engine's run of the source gave: the reference's builder, the statistics files,
+    metrics and notes, and the answers."""
+
+    builder: ReferenceBuilder
+    answers: SourceAnswers
+    n_vocab: int
+    outputs: list[OutputFile] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+def _with_calibration(agreement: TokenSequences, params: Params, vocab: Path) -> tuple[TokenSequences, range]:
+    """The agreement sequences followed by the calibration text's (tokenized with ``vocab``), and
+    which of them count for the statistics (the calibration ones)."""
     from pipeline.calibration.sequences import tokenize_texts
+
+    calibration = tokenize_texts(vocab, {CALIBRATION: params.text}, params.calibration_ctx)
+    sequences = TokenSequences(agreement.names + calibration.names, agreement.ids + calibration.ids)
+    return sequences, range(len(agreement.ids), len(sequences.ids))
+
+
+def _statistics(params: Params, device: str = "cpu") -> ActivationStats:
     from pipeline.calibration.stats import NO_GRAM, ActivationStats
 
-    calibration = tokenize_texts(source, {CALIBRATION: params.text}, params.calibration_ctx)
-    sequences = TokenSequences(agreement.names + calibration.names, agreement.ids + calibration.ids)
-    counted = range(len(agreement.ids), len(sequences.ids))
-    builder = ReferenceBuilder(sequences, params.top_k, params.tail_samples, params.probe.seed)
-    stats = ActivationStats(gram_for=(lambda name: bool(_LINEAR.match(name))) if params.is_gram else NO_GRAM)
-    gram_dir = workdir / GRAM_PREFIX.rstrip("/")
-    report = collect_with_llama_cpp(
-        source, sequences, stats, reference=builder, gram_dir=gram_dir if params.is_gram else None,
-        n_threads=n_threads, stats_for=frozenset(counted),
-    )
+    return ActivationStats(device=device,
+                           gram_for=(lambda name: bool(_LINEAR.match(name))) if params.is_gram else NO_GRAM)
+
+
+def _statistics_files(
+    stats: ActivationStats, params: Params, sequences: TokenSequences, counted: range, report: CollectReport,
+    workdir: Path,
+) -> tuple[list[OutputFile], dict[str, Any]]:
+    """imatrix.gguf and the Gram files of a run over the calibration text, and its metrics."""
+    from pipeline.calibration.imatrix import Imatrix, write_imatrix
+
     matrix = Imatrix.from_stats(stats, (params.dataset_name,), params.calibration_ctx, len(counted))
     outputs = [OutputFile(IMATRIX_NAME, write_imatrix(workdir / IMATRIX_NAME, matrix), "importance-matrix")]
     outputs += [
@@ -155,11 +167,96 @@ def _collect(
     ]
     metrics = {
         "engine": report.engine, "device": report.device, "calibration_sequences": len(counted),
-        "calibration_tokens": sum(len(calibration.ids[i]) for i in range(len(calibration.ids))),
+        "calibration_tokens": sum(len(sequences.ids[i]) for i in counted),
         "collect_s": round(report.seconds, 3), "tokens_per_s": round(report.tokens_per_s, 1),
         "weights": report.n_weights, "gram_files": len(report.gram_files), "dataset": params.dataset_name,
     }
-    return builder, outputs, metrics, report.notes
+    return outputs, metrics
+
+
+def _run_llama(card: ModelCard, download: Mapping[str, Path], params: Params, workdir: Path) -> _SourceRun:
+    """The whole source in llama.cpp: the answers (a child process), then the statistics when asked."""
+    from pipeline.calibration.llama_collect import collect_with_llama_cpp
+    from pipeline.calibration.reference import ReferenceBuilder
+
+    started = time.monotonic()
+    n_threads = _threads()
+    probe: ProbeResult | None = None
+    source, kind = None, "none"
+    try:
+        with ProbeProcess(workdir, label="source") as child:  # llama.cpp loads while the source is written
+            source, kind = _source_path(card, download, workdir)
+            written_s = time.monotonic() - started
+            request = params.probe.request(source, n_threads)
+            probe, why = child.run(request, params.probe.timeout_s)
+        if probe is None:
+            raise IntegrityError(f"the source does not run in llama.cpp, so nothing can be compared "
+                                 f"with it: {why}")
+        agreement = _agreement_sequences(probe.text.tokens if probe.text else ())
+        answers = SourceAnswers(kind, probe, request_key(request))
+        if not params.is_statistics:
+            builder = ReferenceBuilder(agreement, params.top_k, params.tail_samples, params.probe.seed)
+            if agreement.ids:
+                builder.add(0, np.load(str(probe.logits_path)))
+            return _SourceRun(builder, answers, probe.n_vocab,
+                              metrics={"source_load_s": probe.load_s, "source_gguf_s": round(written_s, 3)})
+        sequences, counted = _with_calibration(agreement, params, source)
+        builder = ReferenceBuilder(sequences, params.top_k, params.tail_samples, params.probe.seed)
+        stats = _statistics(params)
+        report = collect_with_llama_cpp(
+            source, sequences, stats, reference=builder,
+            gram_dir=workdir / GRAM_PREFIX.rstrip("/") if params.is_gram else None,
+            n_threads=n_threads, stats_for=frozenset(counted),
+        )
+        outputs, metrics = _statistics_files(stats, params, sequences, counted, report, workdir)
+        metrics.update({"source_load_s": probe.load_s, "source_gguf_s": round(written_s, 3)})
+        return _SourceRun(builder, answers, probe.n_vocab, outputs, metrics, report.notes)
+    finally:
+        if probe is not None and probe.logits_path:
+            Path(probe.logits_path).unlink(missing_ok=True)
+        if kind == "hf-16bit" and source is not None:
+            source.unlink(missing_ok=True)
+
+
+def _run_torch(card: ModelCard, download: Mapping[str, Path], params: Params, workdir: Path) -> _SourceRun:
+    """The checkpoint one block at a time in torch: the reference (and statistics), no answers. The
+    texts are tokenized by llama.cpp from a vocabulary-only GGUF, as validate's probe tokenizes them."""
+    from pipeline.calibration.llama_session import LlamaSession
+    from pipeline.calibration.reference import ReferenceBuilder
+    from pipeline.calibration.sequences import write_vocab_gguf
+    from pipeline.calibration.torch_collect import collect_with_torch, default_device
+
+    vocab = write_vocab_gguf(card, download, workdir / ".vocab.gguf")
+    try:
+        text = params.probe.agreement_text
+        with LlamaSession(vocab, vocab_only=True) as session:
+            tokens = tuple(session.tokenize(text)[: params.probe.n_ctx]) if text else ()
+        agreement = _agreement_sequences(tokens)
+        sequences, counted = (_with_calibration(agreement, params, vocab) if params.is_statistics
+                              else (agreement, range(0)))
+    finally:
+        vocab.unlink(missing_ok=True)
+    request = params.probe.request(vocab, _threads())
+    answers = SourceAnswers("torch-blockwise", None, request_key(request))
+    builder = ReferenceBuilder(sequences, params.top_k, params.tail_samples, params.probe.seed)
+    shards = {name: path for name, path in download.items() if name in card.shards}
+    if not sequences.ids:
+        return _SourceRun(builder, answers, _embedding_rows(card))
+    stats = _statistics(params, default_device())
+    report = collect_with_torch(
+        card, shards, sequences, stats, reference=builder,
+        gram_dir=workdir / GRAM_PREFIX.rstrip("/") if params.is_gram else None, stats_for=frozenset(counted),
+    )
+    if not params.is_statistics:
+        metrics = {"engine": report.engine, "device": report.device, "collect_s": round(report.seconds, 3)}
+        return _SourceRun(builder, answers, builder.n_vocab or _embedding_rows(card), metrics=metrics)
+    outputs, metrics = _statistics_files(stats, params, sequences, counted, report, workdir)
+    return _SourceRun(builder, answers, builder.n_vocab or _embedding_rows(card), outputs, metrics)
+
+
+def _embedding_rows(card: ModelCard) -> int:
+    rows = [t.shape[0] for t in card.tensors if t.name.endswith("embed_tokens.weight")]
+    return rows[0] if rows else 0
 
 
 def run(
@@ -175,55 +272,32 @@ def run(
         raise InputError(f"calibrate needs inspect/{CARD_NAME} and the download's files; "
                          f"got {sorted(inputs)}")
     card = ModelCard.load(card_item.path, f"inspect/{CARD_NAME}")
-    n_threads = _threads()
-    probe: ProbeResult | None = None
-    source, kind = None, "none"
-    try:
-        with ProbeProcess(workdir, label="source") as child:  # llama.cpp loads while the source is written
-            source, kind = _source_path(card, download, workdir)
-            written_s = time.monotonic() - started
-            request = params.probe.request(source, n_threads)
-            probe, why = child.run(request, params.probe.timeout_s)
-        from pipeline.calibration.reference import ReferenceBuilder, write_reference
+    choice: EngineChoice = choose_engine(card, params.engine, input_size(inputs, "download/"))
+    made = (_run_torch if choice.engine == "torch" else _run_llama)(card, download, params, workdir)
+    from pipeline.calibration.reference import write_reference
 
-        if probe is None:
-            raise IntegrityError(f"the source does not run in llama.cpp, so nothing can be compared "
-                                 f"with it: {why}")
-        agreement = _agreement_sequences(probe)
-        outputs: list[OutputFile] = []
-        metrics: dict[str, Any] = {}
-        notes: tuple[str, ...] = ()
-        if params.is_statistics:
-            builder, outputs, metrics, notes = _collect(source, params, agreement, workdir, n_threads)
-        else:
-            builder = ReferenceBuilder(agreement, params.top_k, params.tail_samples, params.probe.seed)
-            if agreement.ids:
-                builder.add(0, np.load(str(probe.logits_path)))
-    finally:
-        if probe is not None and probe.logits_path:
-            Path(probe.logits_path).unlink(missing_ok=True)
-        if kind == "hf-16bit" and source is not None:
-            source.unlink(missing_ok=True)
-    answers = SourceAnswers(kind, probe, request_key(request))
     info = {
-        "answers": answers.to_info(),
+        "answers": made.answers.to_info(),
         "source_card_sha256": card_item.sha256,
         "agreement_text_sha256": text_sha256(params.probe.agreement_text),
         "calibration_text_sha256": text_sha256(params.text) if params.is_statistics else None,
+        "engine": choice.engine,
     }
-    reference = (builder.build(info) if builder.sequences.ids
-                 else replace(_empty_reference(probe.n_vocab, params), info=info))
+    reference = (made.builder.build(info) if made.builder.sequences.ids
+                 else replace(_empty_reference(made.n_vocab, params), info=info))
     path = write_reference(workdir / REFERENCE_NAME, reference)
-    metrics.update({
-        "source_kind": kind, "source_load_s": probe.load_s, "source_gguf_s": round(written_s, 3),
-        "reference_positions": int(reference.topk_ids.shape[0]), "reference_top_k": params.top_k,
-        "importance": params.importance, "gram": params.is_gram,
+    metrics = {
+        **made.metrics, "source_kind": made.answers.kind, "reference_engine": choice.engine,
+        "reference_engine_why": choice.why, "reference_positions": int(reference.topk_ids.shape[0]),
+        "reference_top_k": params.top_k, "importance": params.importance, "gram": params.is_gram,
         "elapsed_s": round(time.monotonic() - started, 3),
-    })
-    log.info("calibrate: source %s answered %r; reference of %d positions; %d statistics files",
-             kind, probe.completions[0].text, metrics["reference_positions"], len(outputs))
+    }
+    probe = made.answers.probe
+    answered = repr(probe.completions[0].text) if probe else "nothing (made the reference only)"
+    log.info("calibrate: source %s answered %s; reference of %d positions; %d statistics files",
+             made.answers.kind, answered, metrics["reference_positions"], len(made.outputs))
     return StageResult(
-        outputs=(OutputFile(REFERENCE_NAME, path, "source-reference"), *outputs),
+        outputs=(OutputFile(REFERENCE_NAME, path, "source-reference"), *made.outputs),
         metrics=metrics,
-        warnings=tuple(notes),
+        warnings=tuple(made.notes),
     )

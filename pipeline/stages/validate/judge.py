@@ -117,6 +117,12 @@ def first_answer(text: str) -> str | None:
     return match.group(0) if match else None
 
 
+def _agreement_tokens(reference: SourceReference) -> tuple[int, ...]:
+    """The agreement text's token ids the reference was made on (none when it has no such sequence)."""
+    names = reference.sequences.names
+    return tuple(reference.sequences.ids[names.index(AGREEMENT)]) if AGREEMENT in names else ()
+
+
 def _score(reference: SourceReference, candidate: ProbeResult, tokens: Sequence[int]) -> ReferenceAgreement:
     """The candidate's logits on the agreement text against the reference's (same token ids)."""
     from pipeline.calibration.agreement import ReferenceScorer
@@ -252,7 +258,6 @@ def exact_agreement() -> Check:
 
 def agreement_check(
     candidate: ProbeResult,
-    source: ProbeResult | None,
     source_why: str,
     params: Params,
     reference: SourceReference | None = None,
@@ -263,18 +268,19 @@ def agreement_check(
     its unbiased estimate, ``mean_kl_lower`` a guaranteed lower bound, ``mean_kl_stderr`` the
     noise the draws leave (`calibration.agreement`).
     """
-    if source is None or reference is None:
+    if reference is None:
         return Check("agreement", Verdict.WARN, f"agreement with the source not measured: {source_why}")
     if not params.probe.agreement_text:
         return Check("agreement", Verdict.WARN, "agreement not measured: the agreement text option is empty")
-    if candidate.n_vocab != source.n_vocab:
+    # The source's side is the reference alone: its vocabulary and the agreement tokens it scored.
+    if candidate.n_vocab != reference.n_vocab:
         return Check(
             "agreement",
             Verdict.FAIL,
-            f"vocabularies differ: source {source.n_vocab} tokens, converted {candidate.n_vocab}",
-            {"n_vocab": [source.n_vocab, candidate.n_vocab]},
+            f"vocabularies differ: source {reference.n_vocab} tokens, converted {candidate.n_vocab}",
+            {"n_vocab": [reference.n_vocab, candidate.n_vocab]},
         )
-    ids_src = source.text.tokens if source.text else ()
+    ids_src = _agreement_tokens(reference)
     ids_cand = candidate.text.tokens if candidate.text else ()
     if ids_src != ids_cand:
         first = next(
@@ -296,7 +302,7 @@ def agreement_check(
         "mean_kl_lower": round(scored.mean_kl_lower, 6), "mean_kl_stderr": round(scored.mean_kl_stderr, 6),
         "reference_top_k": scored.top_k, "reference_tail_samples": scored.tail_samples,
     })
-    numbers["is_text_truncated"] = bool(source.text and source.text.is_truncated)
+    numbers["is_text_truncated"] = bool(candidate.text and candidate.text.is_truncated)  # same tokens
     detail = (
         f"top-1 agreement {stats.top1_agreement:.1%}, mean KL {stats.mean_kl:.3f} nats over "
         f"{stats.n_positions} positions of the agreement text (log-perplexity source "

@@ -162,7 +162,7 @@ def _checks(
             )
         checks += [c for c in [source_answer_check(source, params)] if c is not None]
         alone = _is_exact_alone(inputs, decompose_report)
-        agreement = exact_agreement() if alone else agreement_check(candidate, source, why, params, reference)
+        agreement = exact_agreement() if alone else agreement_check(candidate, why, params, reference)
         checks += [repetition_check(candidate, source), agreement]
         checks += [c for c in [quality_target_check(agreement, decompose_report)] if c is not None]
     finally:

@@ -186,3 +186,19 @@ def test_secret_looking_options_are_refused_before_anything_is_recorded(tmp_path
             create_jobs(session, requests, "test", SourcePolicy(allow_any_local=True))
     with session_scope(rt.sessions) as session:
         assert session.scalars(select(Job)).all() == []
+
+
+def test_a_job_validates_against_a_block_wise_torch_reference(tmp_path: Path, demo_checkpoint: Path) -> None:
+    rt = _runtime(tmp_path)
+    options = {"reference_engine": "torch", "importance": "imatrix", "calibration_ctx": 64}
+    with session_scope(rt.sessions) as session:
+        job_id = repo.create_job(session, str(demo_checkpoint), "tq2_0", options).id
+    assert run_job(rt, job_id) is JobState.SUCCEEDED
+    with session_scope(rt.sessions) as session:
+        latest = repo.latest_runs(session, job_id)
+        calibrate, validate = latest[StageName.CALIBRATE], latest[StageName.VALIDATE]
+        assert calibrate.status == "succeeded" and calibrate.metrics["reference_engine"] == "torch"
+        checks, agreement = validate.metrics["checks"], validate.metrics["agreement"]
+    assert "source_answer" not in checks, "a reference-only run has no answers to judge"
+    # The file is exact (ternary weights), so what is left is llama.cpp's rounding against torch's float32.
+    assert checks["agreement"] == "pass" and agreement["mean_kl"] < 1e-3, agreement

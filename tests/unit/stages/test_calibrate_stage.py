@@ -182,3 +182,66 @@ def test_decompose_uses_the_calibration(
     entry = index.by_name()["blk.0.ffn_down.weight"]
     raw = np.fromfile(part, np.uint8, count=entry.n_bytes, offset=int(entry.offset or 0))
     assert np.isfinite(decode_bytes(raw, entry.ggml_type, entry.shape)).all()
+
+
+# --- the block-wise torch engine ------------------------------------------------------------------
+
+
+def _engine_reference(source: dict[str, InputFile], tmp: Path, engine: str, **options: Any) -> Any:
+    params = calibrate.make_params(JobSpec("demo", options={"reference_engine": engine, **options}))
+    work = _workdir(tmp, engine)
+    return calibrate.run(params, source, work), work
+
+
+@pytest.mark.llama
+def test_torch_engine_makes_the_reference_llama_makes_without_the_whole_source(
+    source: dict[str, InputFile], tmp_path: Path
+) -> None:
+    by_llama, _ = _engine_reference(source, tmp_path, "llama")
+    by_torch, work = _engine_reference(source, tmp_path, "torch")
+    assert sorted(p.name for p in work.iterdir()) == ["reference.npz"], "no source GGUF, no vocabulary left"
+    assert by_torch.metrics["reference_engine"] == "torch"
+    assert by_torch.metrics["source_kind"] == "torch-blockwise"
+    assert by_llama.metrics["reference_engine"] == "llama"
+    llama_ref = read_reference(by_llama.outputs[0].path)
+    torch_ref = read_reference(by_torch.outputs[0].path)
+    answers = SourceAnswers.from_info(torch_ref.info)
+    assert answers.probe is None, "the block-wise run makes the reference only"
+    assert answers.request == SourceAnswers.from_info(llama_ref.info).request, "made for validate's request"
+    # The same tokens, as validate's probe of the converted file tokenizes the agreement text.
+    assert torch_ref.sequences == llama_ref.sequences and torch_ref.n_vocab == llama_ref.n_vocab
+    # Scored against each other: the torch forward computes llama.cpp's graph on the same weights.
+    # (The demo's random weights leave near-ties, so a few top-1 picks flip on rounding alone;
+    # bench/route.py --reference measures a trained-size model.)
+    assert (torch_ref.topk_ids[:, 0] == llama_ref.topk_ids[:, 0]).mean() >= 0.95
+    np.testing.assert_allclose(torch_ref.topk_logprobs[:, 0], llama_ref.topk_logprobs[:, 0], atol=0.02)
+
+
+@pytest.mark.llama
+def test_torch_engine_statistics_match_llamas(with_stats: Any, source: dict[str, InputFile],
+                                              tmp_path: Path) -> None:
+    by_torch, _ = _engine_reference(source, tmp_path, "torch", **_STATS)
+    outputs = {o.name: o for o in by_torch.outputs}
+    assert by_torch.metrics["engine"] == "torch"
+    assert sorted(outputs) == sorted(o.name for o in with_stats.outputs)
+    ours = read_imatrix(outputs["imatrix.gguf"].path)
+    theirs = read_imatrix({o.name: o for o in with_stats.outputs}["imatrix.gguf"].path)
+    assert sorted(ours.entries) == sorted(theirs.entries)
+    for name in ("blk.0.attn_q.weight", "blk.1.ffn_down.weight"):
+        np.testing.assert_allclose(ours.importance(name), theirs.importance(name), rtol=0.02, atol=1e-6)
+
+
+def test_auto_engine_picks_by_memory(demo_card: dict[str, Any]) -> None:
+    from pipeline.formats.model_card import ModelCard
+    from pipeline.stages.calibrate.engines import choose_engine
+
+    small = ModelCard.from_dict(demo_card)
+    assert choose_engine(small, "auto", 10**6).engine == "llama"
+    big = ModelCard.from_dict({**demo_card, "param_count": 3 * 10**9})
+    chosen = choose_engine(big, "auto", 10**6)
+    assert chosen.engine == "torch" and "instead of llama.cpp's 6.54 GB" in chosen.why
+    assert choose_engine(big, "llama", 10**6).engine == "llama"
+    with pytest.raises(InputError, match="reference_engine=torch"):
+        choose_engine(ModelCard.from_dict({**demo_card, "config": {**demo_card["config"],
+                                                                   "rope_scaling": {"type": "yarn"}}}),
+                      "torch", 10**6)
