@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -56,6 +57,7 @@ def collect_with_torch(
     gram_dir: Path | None = None,
     on_block: Callable[[int, int], None] | None = None,
     stats_for: Collection[int] | None = None,
+    as_stored: bool = True,
 ) -> CollectReport:
     """Run ``sequences`` through the checkpoint block by block, adding each weight's inputs to ``stats``.
 
@@ -63,12 +65,17 @@ def collect_with_torch(
     ``stats.gram_for`` asks for) are written there as the block finishes. ``reference``: gets
     each sequence's logits. ``stats_for``: indices of the sequences whose inputs count (all when
     None); the others run for the reference only. ``on_block(done, total)`` reports progress.
+    ``as_stored``: each weight's input is rounded to the weight's stored 16-bit type before the
+    product, as llama.cpp does running the checkpoint's 16-bit GGUF (False: float32 throughout,
+    as llama.cpp on an F32 GGUF).
     Raises InputError for an architecture or rope scaling the torch forward does not compute, or
     token ids outside the vocabulary; IntegrityError from the shards as decompose would.
     """
     if not sequences.ids:
         raise InputError("no sequences to calibrate on")
     spec = model_spec(card)
+    if not as_stored:
+        spec = replace(spec, matmul_dtype=None)
     device = stats.device
     started = time.perf_counter()
     paths: list[Path] = []

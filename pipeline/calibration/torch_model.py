@@ -58,6 +58,9 @@ class ModelSpec:
     is_neox: bool
     freq_scale: float = 1.0
     freq_factors: tuple[float, ...] | None = None
+    # What llama.cpp's CPU matmul rounds a weight's input to: the weight's own 16-bit type (its
+    # dot products run in it), None for float32 weights. The inputs recorded for statistics are not.
+    matmul_dtype: torch.dtype | None = None
 
 
 def model_spec(card: ModelCard) -> ModelSpec:
@@ -96,7 +99,14 @@ def model_spec(card: ModelCard) -> ModelSpec:
         is_neox=spec.gguf_name in _NEOX,
         freq_scale=1.0 / float(scaling.get("factor", 1.0)) if kind == "linear" else 1.0,
         freq_factors=None if factors is None else tuple(float(f) for f in factors),
+        matmul_dtype=_matmul_dtype(card),
     )
+
+
+def _matmul_dtype(card: ModelCard) -> torch.dtype | None:
+    """The 16-bit type of the checkpoint's block weights (as the source GGUF keeps them), if any."""
+    stored = {t.dtype for t in card.tensors if len(t.shape) == 2 and ".layers." in t.name}
+    return {frozenset({"BF16"}): torch.bfloat16, frozenset({"F16"}): torch.float16}.get(frozenset(stored))
 
 
 class CheckpointTensors:
@@ -187,8 +197,12 @@ def _rope(x: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
     return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
 
 
-def _linear(w: Mapping[str, torch.Tensor], kind: str, x: torch.Tensor) -> torch.Tensor:
-    out = x @ w[f"{kind}.weight"].T
+def _rounded(spec: ModelSpec, x: torch.Tensor) -> torch.Tensor:
+    return x if spec.matmul_dtype is None else x.to(spec.matmul_dtype).float()
+
+
+def _linear(spec: ModelSpec, w: Mapping[str, torch.Tensor], kind: str, x: torch.Tensor) -> torch.Tensor:
+    out = _rounded(spec, x) @ w[f"{kind}.weight"].T
     bias = w.get(f"{kind}.bias")
     return out + bias if bias is not None else out
 
@@ -221,9 +235,9 @@ def block_forward(
     n = x.shape[0]
     h = rms_norm(x, w["attn_norm.weight"], spec.eps)
     seen([prefix + k for k in ("attn_q.weight", "attn_k.weight", "attn_v.weight")], h)
-    q = _linear(w, "attn_q", h).view(n, spec.n_head, spec.head_dim)
-    k = _linear(w, "attn_k", h).view(n, spec.n_kv, spec.head_dim)
-    v = _linear(w, "attn_v", h).view(n, spec.n_kv, spec.head_dim)
+    q = _linear(spec, w, "attn_q", h).view(n, spec.n_head, spec.head_dim)
+    k = _linear(spec, w, "attn_k", h).view(n, spec.n_kv, spec.head_dim)
+    v = _linear(spec, w, "attn_v", h).view(n, spec.n_kv, spec.head_dim)
     if "attn_q_norm.weight" in w:
         q = rms_norm(q, w["attn_q_norm.weight"], spec.eps)
         k = rms_norm(k, w["attn_k_norm.weight"], spec.eps)
@@ -231,16 +245,16 @@ def block_forward(
     if "attn_sub_norm.weight" in w:
         out = rms_norm(out, w["attn_sub_norm.weight"], spec.eps)
     seen([prefix + "attn_output.weight"], out)
-    x = x + _linear(w, "attn_output", out)
+    x = x + _linear(spec, w, "attn_output", out)
     h = rms_norm(x, w["ffn_norm.weight"], spec.eps)
     seen([prefix + "ffn_gate.weight", prefix + "ffn_up.weight"], h)
-    act = torch.nn.functional.silu(_linear(w, "ffn_gate", h)) * _linear(w, "ffn_up", h)
+    act = torch.nn.functional.silu(_linear(spec, w, "ffn_gate", h)) * _linear(spec, w, "ffn_up", h)
     if "ffn_sub_norm.weight" in w:
         act = rms_norm(act, w["ffn_sub_norm.weight"], spec.eps)
     seen([prefix + "ffn_down.weight"], act)
-    return x + _linear(w, "ffn_down", act)
+    return x + _linear(spec, w, "ffn_down", act)
 
 
 def head_logits(spec: ModelSpec, norm: torch.Tensor, head: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """Logits [n_tokens, n_vocab] from the last block's output: output norm, then the output head."""
-    return rms_norm(x, norm, spec.eps) @ head.T
+    return _rounded(spec, rms_norm(x, norm, spec.eps)) @ head.T

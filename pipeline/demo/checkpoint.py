@@ -166,11 +166,12 @@ def _model_tensors(
     heads: tuple[int, int, int],
     vocab: int,
     seed: int,
+    weights: str = "ternary",
 ) -> dict[str, torch.Tensor]:
     n_heads, n_kv_heads, head_dim = heads
     gen = torch.Generator().manual_seed(seed)
     q_dim, kv_dim = head_dim * n_heads, head_dim * n_kv_heads
-    linear = _latent_weight if arch.has_latent_weights else _ternary_weight
+    linear = _latent_weight if arch.has_latent_weights or weights == "dense" else _ternary_weight
     tensors: dict[str, torch.Tensor] = {"model.embed_tokens.weight": _dense((vocab, hidden), 0.02, gen)}
     for i in range(n_layers):
         p = f"model.layers.{i}"
@@ -284,14 +285,18 @@ def write_demo_checkpoint(
     seed: int = 0,
     architecture: str = "llama",
     tokenizer: str | None = None,
+    weights: str = "ternary",
 ) -> Path:
     """Write a tiny HF checkpoint of `architecture` into `dest` (created if needed) and return `dest`.
 
     `architecture` is a key of `ARCHITECTURE_DEFAULTS`; `tokenizer` overrides its tokenizer kind
     ("gpt2", "llama-bpe", "qwen2", "spm"). Same arguments give the same bytes. `hidden`,
     `intermediate` and heads x head_dim must be multiples of 256 (ValueError otherwise)
-    because the linear weights are ternary per 256-block.
+    because the linear weights are ternary per 256-block. ``weights="dense"`` draws ordinary
+    (Gaussian) linear weights instead: a checkpoint whose ternary conversion is lossy.
     """
+    if weights not in ("ternary", "dense"):
+        raise ValueError(f"weights {weights!r}; expected 'ternary' or 'dense'")
     if architecture not in ARCHITECTURE_DEFAULTS:
         raise ValueError(f"architecture {architecture!r}; expected one of {', '.join(ARCHITECTURE_DEFAULTS)}")
     arch = ARCHITECTURE_DEFAULTS[architecture]
@@ -303,7 +308,7 @@ def write_demo_checkpoint(
     dest.mkdir(parents=True, exist_ok=True)
     names, vocab, special_ids = _write_tokenizer(tokenizer or arch.tokenizer, dest)
     heads = (n_heads, n_kv_heads, head_dim)
-    tensors = _model_tensors(arch, n_layers, hidden, intermediate, heads, vocab, seed)
+    tensors = _model_tensors(arch, n_layers, hidden, intermediate, heads, vocab, seed, weights)
     save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
     _write_json(
         dest / "config.json", _config(arch, n_layers, hidden, intermediate, heads, vocab, special_ids)
