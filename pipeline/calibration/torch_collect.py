@@ -21,8 +21,8 @@ Example::
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,7 +31,7 @@ import torch
 from pipeline.calibration.llama_collect import CollectReport, write_grams
 from pipeline.calibration.sequences import TokenSequences
 from pipeline.calibration.stats import ActivationStats
-from pipeline.calibration.torch_model import CheckpointTensors, block_forward, head_logits, model_spec
+from pipeline.calibration.torch_model import CheckpointTensors, blocks_forward, head_logits, model_spec
 from pipeline.core.errors import InputError
 from pipeline.formats.model_card import ModelCard
 
@@ -87,14 +87,11 @@ def collect_with_torch(
             raise InputError(f"token id {worst} is outside the checkpoint's {n_vocab}-token embedding")
         hidden = [embedding[torch.tensor(ids, device=device)] for ids in sequences.ids]
         del embedding
+        counted = [stats_for is None or s in stats_for for s in range(len(hidden))]
         for index in range(spec.n_layers):
-            weights = ckpt.block(index)
+            weights = ckpt.lazy_block(index)  # every sequence at once: each tensor read once, then let go
             prefix = f"blk.{index}."
-            for s, x in enumerate(hidden):
-                counted = stats_for is None or s in stats_for
-                hidden[s] = block_forward(
-                    spec, weights, x, prefix=prefix, on_input=stats.add if counted else None
-                )
+            hidden = blocks_forward(spec, weights, hidden, prefix=prefix, on_input=stats.add, counted=counted)
             if gram_dir is not None:
                 paths += write_grams(stats, gram_dir, [prefix + name for name in weights])
             del weights

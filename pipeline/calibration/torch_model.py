@@ -24,7 +24,7 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -35,8 +35,11 @@ import torch
 from pipeline.core.errors import InputError
 from pipeline.formats.model_card import ModelCard
 
-__all__ = ["ModelSpec", "model_spec", "CheckpointTensors", "block_forward", "rms_norm", "head_logits"]
+__all__ = ["ModelSpec", "model_spec", "CheckpointTensors", "LazyBlock", "block_forward", "blocks_forward",
+           "rms_norm", "head_logits"]
 
+# Elements of a 16-bit weight widened to float32 at once for a product (16 MB).
+_WIDEN_ELEMENTS = 4 << 20
 # GGUF architectures whose llama.cpp graph uses NEOX (half-split) rope on unpermuted rows.
 _NEOX = frozenset({"qwen2", "qwen3", "bitnet"})
 _ROPE_KINDS = frozenset({"default", "linear", "llama3"})
@@ -151,8 +154,9 @@ class CheckpointTensors:
             self._readers[shard] = SafetensorsReader(Path(path)).__enter__()
         return self._readers[shard]
 
-    def get(self, name: str) -> torch.Tensor:
-        """GGUF tensor ``name`` (KeyError when the plan lacks it)."""
+    def get(self, name: str, as_stored: bool = False) -> torch.Tensor:
+        """GGUF tensor ``name`` (KeyError when the plan lacks it), as float32; ``as_stored``: a 2-D
+        BF16 or F16 weight stays in that type (half the memory; `block_forward` widens one at a time)."""
         from pipeline.formats.hf.architectures import ROPE_PERMUTED, TERNARY_LATENT_KINDS
         from pipeline.formats.hf.checkpoint import bitnet_weight_quant, rope_permute
 
@@ -163,17 +167,47 @@ class CheckpointTensors:
             if self.spec.has_rope_permute and item.hf_name.endswith(suffix):
                 n_head = int(config.get(head_key) or config["num_attention_heads"])
                 rows = rope_permute(torch.arange(item.shape[0]), n_head)
-        tensor = self._reader(item.shard).tensor(item.hf_name, row_order=rows)
         kind = name.split(".")[2] if name.startswith("blk.") else ""
-        if self.spec.ternary_latent and kind in TERNARY_LATENT_KINDS and name.endswith(".weight"):
+        is_latent = self.spec.ternary_latent and kind in TERNARY_LATENT_KINDS and name.endswith(".weight")
+        keep = as_stored and len(item.shape) == 2 and not is_latent
+        tensor = self._reader(item.shard).tensor(item.hf_name, row_order=rows, as_stored=keep)
+        if is_latent:
             tensor = bitnet_weight_quant(tensor)
-        out: torch.Tensor = tensor.to(self.device, torch.float32, copy=True)
+        dtype = tensor.dtype if keep and tensor.dtype in (torch.bfloat16, torch.float16) else torch.float32
+        out: torch.Tensor = tensor.to(self.device, dtype, copy=True)
         return out
 
-    def block(self, index: int) -> dict[str, torch.Tensor]:
-        """Every tensor of block ``index``, keyed without the ``blk.<index>.`` prefix."""
+    def lazy_block(self, index: int) -> LazyBlock:
+        """Block ``index``'s tensors, each read (in its stored 16-bit type) only when asked for."""
+        return LazyBlock(self, f"blk.{index}.")
+
+    def block(self, index: int, as_stored: bool = False) -> dict[str, torch.Tensor]:
+        """Every tensor of block ``index``, keyed without its ``blk.<index>.`` prefix (see `get`)."""
         prefix = f"blk.{index}."
-        return {n[len(prefix) :]: self.get(n) for n in self.plan if n.startswith(prefix)}
+        return {n[len(prefix) :]: self.get(n, as_stored) for n in self.plan if n.startswith(prefix)}
+
+
+class LazyBlock(Mapping[str, torch.Tensor]):
+    """One block's tensors by name without the ``blk.<i>.`` prefix; each read from the checkpoint when
+    asked for and not kept, so a caller that asks for each once holds one tensor at a time."""
+
+    def __init__(self, ckpt: CheckpointTensors, prefix: str) -> None:
+        self._ckpt, self._prefix = ckpt, prefix
+        self._names = [n[len(prefix) :] for n in ckpt.plan if n.startswith(prefix)]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._names:
+            raise KeyError(name)
+        return self._ckpt.get(self._prefix + name, as_stored=True)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -202,7 +236,13 @@ def _rounded(spec: ModelSpec, x: torch.Tensor) -> torch.Tensor:
 
 
 def _linear(spec: ModelSpec, w: Mapping[str, torch.Tensor], kind: str, x: torch.Tensor) -> torch.Tensor:
-    out = _rounded(spec, x) @ w[f"{kind}.weight"].T
+    weight = w[f"{kind}.weight"]
+    x = _rounded(spec, x)
+    if weight.dtype == torch.float32:
+        out = x @ weight.T
+    else:  # a 16-bit weight, widened a slice of rows at a time for this product only
+        step = max(1, _WIDEN_ELEMENTS // weight.shape[1])
+        out = torch.cat([x @ weight[i : i + step].float().T for i in range(0, weight.shape[0], step)], dim=1)
     bias = w.get(f"{kind}.bias")
     return out + bias if bias is not None else out
 
@@ -231,28 +271,58 @@ def block_forward(
     ``w``: the block's tensors without their ``blk.<i>.`` prefix (`CheckpointTensors.block`).
     ``on_input(names, rows)`` receives each linear weight's input rows (``prefix`` + name).
     """
-    seen: OnInput = on_input or (lambda names, rows: None)
+    return blocks_forward(spec, w, [x], prefix=prefix, on_input=on_input)[0]
+
+
+def blocks_forward(
+    spec: ModelSpec,
+    w: Mapping[str, torch.Tensor],
+    xs: Sequence[torch.Tensor],
+    *,
+    prefix: str = "",
+    on_input: OnInput | None = None,
+    counted: Sequence[bool] | None = None,
+) -> list[torch.Tensor]:
+    """One transformer block over several sequences at once: each weight is read once, for the rows
+    of all of them (attention stays within each sequence, positions from 0 in each), so ``w`` may
+    load each tensor as it is asked for (`CheckpointTensors.lazy_block`). ``on_input`` receives the
+    rows of the ``counted`` sequences only (all when None)."""
+    lengths = [int(x.shape[0]) for x in xs]
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    x = torch.cat(list(xs))
     n = x.shape[0]
+    keep = None if counted is None else torch.cat([
+        torch.full((length,), bool(c), dtype=torch.bool, device=x.device)
+        for length, c in zip(lengths, counted, strict=True)])
+
+    def seen(names: Sequence[str], rows: torch.Tensor) -> None:
+        if on_input is not None and (keep is None or bool(keep.any())):
+            on_input([prefix + name for name in names], rows if keep is None else rows[keep])
+
     h = rms_norm(x, w["attn_norm.weight"], spec.eps)
-    seen([prefix + k for k in ("attn_q.weight", "attn_k.weight", "attn_v.weight")], h)
+    seen(["attn_q.weight", "attn_k.weight", "attn_v.weight"], h)
     q = _linear(spec, w, "attn_q", h).view(n, spec.n_head, spec.head_dim)
     k = _linear(spec, w, "attn_k", h).view(n, spec.n_kv, spec.head_dim)
     v = _linear(spec, w, "attn_v", h).view(n, spec.n_kv, spec.head_dim)
     if "attn_q_norm.weight" in w:
         q = rms_norm(q, w["attn_q_norm.weight"], spec.eps)
         k = rms_norm(k, w["attn_k_norm.weight"], spec.eps)
-    out = _attention(spec, _rope(q, spec), _rope(k, spec), v)
+    out = torch.cat([
+        _attention(spec, _rope(q[a : a + m], spec), _rope(k[a : a + m], spec), v[a : a + m])
+        for a, m in zip(starts, lengths, strict=True)
+    ])
     if "attn_sub_norm.weight" in w:
         out = rms_norm(out, w["attn_sub_norm.weight"], spec.eps)
-    seen([prefix + "attn_output.weight"], out)
+    seen(["attn_output.weight"], out)
     x = x + _linear(spec, w, "attn_output", out)
     h = rms_norm(x, w["ffn_norm.weight"], spec.eps)
-    seen([prefix + "ffn_gate.weight", prefix + "ffn_up.weight"], h)
+    seen(["ffn_gate.weight", "ffn_up.weight"], h)
     act = torch.nn.functional.silu(_linear(spec, w, "ffn_gate", h)) * _linear(spec, w, "ffn_up", h)
     if "ffn_sub_norm.weight" in w:
         act = rms_norm(act, w["ffn_sub_norm.weight"], spec.eps)
-    seen([prefix + "ffn_down.weight"], act)
-    return x + _linear(spec, w, "ffn_down", act)
+    seen(["ffn_down.weight"], act)
+    x = x + _linear(spec, w, "ffn_down", act)
+    return list(torch.split(x, lengths))
 
 
 def head_logits(spec: ModelSpec, norm: torch.Tensor, head: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -9,9 +9,10 @@
   number of blocks. It makes the reference (and the statistics) only, not the answers.
 
 ``auto`` (the default) takes llama.cpp where its whole-model run needs no more memory than the
-block-wise run would, which is every model of up to about a billion parameters, and torch
-above that, where the architecture is one the torch forward computes; a GGUF source always
-runs in llama.cpp. The choice depends on the model card only, so equal inputs choose alike.
+block-wise run would (small models, and models whose embedding dwarfs a block, such as Gemma 3
+270M), and torch otherwise, where the architecture is one the torch forward computes; a GGUF
+source always runs in llama.cpp. The choice depends on the model card only, so equal inputs
+choose alike.
 """
 
 from __future__ import annotations

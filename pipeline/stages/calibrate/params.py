@@ -55,8 +55,8 @@ class Params:
                                help="tail draws per position for the KL estimate", low=1, high=4096)
     engine: str = option("auto", key="reference_engine", choices=ENGINES,
                          help="how the source runs: llama (llama.cpp, the whole model; also answers the "
-                         "prompts), torch (one block at a time: memory flat in model size), auto (llama "
-                         "where it needs no more memory than torch, about 1B parameters and under)")
+                         "prompts), torch (one block at a time: memory flat in model size), auto (the one "
+                         "whose estimate from the model card needs less memory; llama on a tie)")
 
     @property
     def is_statistics(self) -> bool:

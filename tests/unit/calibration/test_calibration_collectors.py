@@ -24,7 +24,13 @@ from pipeline.calibration.sequences import TokenSequences, tokenize_texts
 from pipeline.calibration.stats import ActivationStats
 from pipeline.calibration.text import builtin_text
 from pipeline.calibration.torch_collect import collect_with_torch
-from pipeline.calibration.torch_model import CheckpointTensors, block_forward, head_logits, model_spec
+from pipeline.calibration.torch_model import (
+    CheckpointTensors,
+    block_forward,
+    blocks_forward,
+    head_logits,
+    model_spec,
+)
 from pipeline.demo import write_demo_checkpoint
 from pipeline.formats.hf.checkpoint import iter_tensors
 from pipeline.formats.model_card import ModelCard
@@ -278,3 +284,30 @@ def test_sequences_outside_stats_for_reach_the_reference_only(tmp_path: Path) ->
             )
         assert set(stats.token_counts().values()) == {n_counted}, engine
         assert builder.build().topk_ids.shape[0] == seqs.n_predicted
+
+
+def test_several_sequences_at_once_equal_one_at_a_time_and_read_each_tensor_once(tmp_path: Path) -> None:
+    checkpoint = write_demo_checkpoint(tmp_path / "ck")
+    document = card_for_checkpoint(checkpoint)
+    card = ModelCard.from_dict(document)
+    spec = model_spec(card)
+    seqs = [[3, 17, 250, 9], [400, 77], [5, 123, 6, 7, 8]]
+    with torch.inference_mode(), CheckpointTensors(card, _files(checkpoint, document)) as ckpt:
+        embedding = ckpt.get("token_embd.weight")
+        xs = [embedding[torch.tensor(ids)] for ids in seqs]
+        alone_stats, together_stats = ActivationStats(), ActivationStats()
+        alone = [block_forward(spec, ckpt.block(0, as_stored=True), x, on_input=alone_stats.add)
+                 for i, x in enumerate(xs) if i != 1] 
+        reads: list[str] = []
+        real_get = ckpt.get
+        ckpt.get = lambda name, as_stored=False: reads.append(name) or real_get(name, as_stored)  # type: ignore[method-assign]
+        together = blocks_forward(spec, ckpt.lazy_block(0), xs, on_input=together_stats.add,
+                                  counted=[True, False, True])
+    assert len(reads) == len(set(reads)) == len(list(ckpt.lazy_block(0))), "each tensor read once"
+    for got, want in zip([together[0], together[2]], alone, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert together[1].shape == xs[1].shape
+    for name in alone_stats.names():  # the uncounted sequence adds nothing to the statistics
+        assert together_stats[name].counts.tolist() == alone_stats[name].counts.tolist()
+        torch.testing.assert_close(together_stats[name].sum_sq, alone_stats[name].sum_sq, rtol=1e-6,
+                                   atol=1e-9)
