@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.calibration.gpu_offload import AUTO_LAYERS
 from pipeline.core.errors import IntegrityError
 from pipeline.core.option_fields import option, read_fields
 from pipeline.formats.jsonfile import ShapeError, as_dataclass, load_json
@@ -58,7 +59,8 @@ _TRACEBACK_HEAD = "Traceback (most recent call last):"
 class ProbeSpec:
     """What both sides of a validation ask llama.cpp: calibrate asks the source, validate the
     conversion, so the two answers and logits compare. Each field is a job option of the same name;
-    ``timeout_s`` bounds each llama.cpp run, ``n_gpu_layers=0`` keeps it on the CPU."""
+    ``timeout_s`` bounds each llama.cpp run, ``n_gpu_layers=0`` keeps it on the CPU (the default,
+    `gpu_offload.AUTO_LAYERS`, offloads what the GPU's free memory holds)."""
 
     prompt: str = option("1+1=", help="greedy sanity prompt")
     max_tokens: int = option(16, help="tokens generated for `prompt`", low=1)
@@ -68,7 +70,9 @@ class ProbeSpec:
                                  help="text the source and the GGUF predict side by side "
                                  "(default: a few built-in sentences)")
     n_ctx: int = option(256, help="llama.cpp context size", low=16)
-    n_gpu_layers: int = option(0, help="layers llama.cpp offloads to a GPU (-1: all)", low=-1)
+    n_gpu_layers: int = option(AUTO_LAYERS, shown_default=None, low=AUTO_LAYERS,
+                               help="layers llama.cpp offloads to a GPU (-1: all, 0: none; default -2: as "
+                               "many as the GPU's free memory holds, none without a GPU)")
     seed: int = option(0, help="llama.cpp sampling seed", low=0)
     timeout_s: float = option(300.0, help="seconds one llama.cpp run may take", low=1)
 
@@ -154,6 +158,7 @@ class Backend:
     supports_gpu_offload: bool = False
     n_gpu_layers: int = 0
     system_info: str = ""
+    offload_why: str = ""  # how n_gpu_layers was chosen (`gpu_offload`)
 
 
 @dataclass(frozen=True)

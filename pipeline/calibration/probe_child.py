@@ -102,12 +102,13 @@ def _text_logits(model: Any, text: str, n_ctx: int, logits_path: str) -> TextRun
                    eval_s=round(time.perf_counter() - started, 4))
 
 
-def _backend(llama_cpp: Any, n_gpu_layers: int) -> Backend:
+def _backend(llama_cpp: Any, n_gpu_layers: int, offload_why: str) -> Backend:
     offload = bool(llama_cpp.llama_supports_gpu_offload())
     return Backend(
         llama_cpp_python=llama_cpp.__version__,
         supports_gpu_offload=offload,
         n_gpu_layers=n_gpu_layers,
+        offload_why=offload_why,
         device="gpu" if offload and n_gpu_layers != 0 else "cpu",
         system_info=llama_cpp.llama_print_system_info().decode("utf-8", errors="replace").strip(),
     )
@@ -117,12 +118,15 @@ def _probe(request: dict[str, Any], logits_path: str) -> ProbeResult:
     """Load the model and run everything requested; the child process's whole job."""
     import llama_cpp
 
+    from pipeline.calibration.gpu_offload import choose_offload
+
+    offload = choose_offload(Path(request["path"]), request["n_gpu_layers"])
     started = time.perf_counter()
     model = llama_cpp.Llama(
         model_path=request["path"],
         n_ctx=request["n_ctx"],
         n_threads=request["n_threads"],
-        n_gpu_layers=request["n_gpu_layers"],
+        n_gpu_layers=offload.n_gpu_layers,
         seed=request["seed"],
         logits_all=request["text"] is not None,
         verbose=False,
@@ -141,7 +145,7 @@ def _probe(request: dict[str, Any], logits_path: str) -> ProbeResult:
         completions=completions,
         chat=chat,
         text=text,
-        backend=_backend(llama_cpp, request["n_gpu_layers"]),
+        backend=_backend(llama_cpp, offload.n_gpu_layers, offload.why),
         logits_path=logits_path if text is not None else None,
     )
 

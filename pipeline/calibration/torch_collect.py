@@ -80,12 +80,12 @@ def collect_with_torch(
     started = time.perf_counter()
     paths: list[Path] = []
     with CheckpointTensors(card, files, device) as ckpt:
-        embedding = ckpt.get("token_embd.weight")
+        embedding = ckpt.get("token_embd.weight", as_stored=True)  # 16-bit: only its rows are widened
         n_vocab = embedding.shape[0]
         worst = max(max(ids) for ids in sequences.ids)
         if worst >= n_vocab:
             raise InputError(f"token id {worst} is outside the checkpoint's {n_vocab}-token embedding")
-        hidden = [embedding[torch.tensor(ids, device=device)] for ids in sequences.ids]
+        hidden = [embedding[torch.tensor(ids, device=device)].float() for ids in sequences.ids]
         del embedding
         counted = [stats_for is None or s in stats_for for s in range(len(hidden))]
         for index in range(spec.n_layers):
@@ -99,7 +99,8 @@ def collect_with_torch(
                 on_block(index + 1, spec.n_layers)
         if reference is not None:
             norm = ckpt.get("output_norm.weight")
-            head = ckpt.get("output.weight" if ckpt.has("output.weight") else "token_embd.weight")
+            head_name = "output.weight" if ckpt.has("output.weight") else "token_embd.weight"
+            head = ckpt.get(head_name, as_stored=True)
             for s, x in enumerate(hidden):
                 reference.add(s, head_logits(spec, norm, head, x).float().cpu().numpy())
     return CollectReport(

@@ -235,14 +235,17 @@ def _rounded(spec: ModelSpec, x: torch.Tensor) -> torch.Tensor:
     return x if spec.matmul_dtype is None else x.to(spec.matmul_dtype).float()
 
 
-def _linear(spec: ModelSpec, w: Mapping[str, torch.Tensor], kind: str, x: torch.Tensor) -> torch.Tensor:
-    weight = w[f"{kind}.weight"]
-    x = _rounded(spec, x)
+def _product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` in float32; a 16-bit weight is widened a slice of rows at a time, for this
+    product only."""
     if weight.dtype == torch.float32:
-        out = x @ weight.T
-    else:  # a 16-bit weight, widened a slice of rows at a time for this product only
-        step = max(1, _WIDEN_ELEMENTS // weight.shape[1])
-        out = torch.cat([x @ weight[i : i + step].float().T for i in range(0, weight.shape[0], step)], dim=1)
+        return x @ weight.T
+    step = max(1, _WIDEN_ELEMENTS // weight.shape[1])
+    return torch.cat([x @ weight[i : i + step].float().T for i in range(0, weight.shape[0], step)], dim=1)
+
+
+def _linear(spec: ModelSpec, w: Mapping[str, torch.Tensor], kind: str, x: torch.Tensor) -> torch.Tensor:
+    out = _product(_rounded(spec, x), w[f"{kind}.weight"])
     bias = w.get(f"{kind}.bias")
     return out + bias if bias is not None else out
 
@@ -327,4 +330,4 @@ def blocks_forward(
 
 def head_logits(spec: ModelSpec, norm: torch.Tensor, head: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """Logits [n_tokens, n_vocab] from the last block's output: output norm, then the output head."""
-    return _rounded(spec, rms_norm(x, norm, spec.eps)) @ head.T
+    return _product(_rounded(spec, rms_norm(x, norm, spec.eps)), head)

@@ -4,9 +4,10 @@
   16-bit GGUF written for the run). It also answers validate's prompts, so validate can tell
   whether the source itself answers. Its memory grows with the model: 2 bytes a parameter.
 - ``torch``: the checkpoint runs in torch one transformer block at a time
-  (`calibration.torch_collect`), hidden states carried between blocks, so memory is one block's
-  float32 weights, the embedding or the head, and the logits of one sequence: flat in the
-  number of blocks. It makes the reference (and the statistics) only, not the answers.
+  (`calibration.torch_collect`), hidden states carried between blocks and each weight read once
+  per block in its stored 16-bit type, so memory is one tensor (the largest: the embedding or a
+  block weight) and the logits of one sequence: flat in the number of blocks. It makes the
+  reference (and the statistics) only, not the answers.
 
 ``auto`` (the default) takes llama.cpp where its whole-model run needs no more memory than the
 block-wise run would (small models, and models whose embedding dwarfs a block, such as Gemma 3
@@ -17,7 +18,6 @@ choose alike.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from pipeline.formats.model_card import ModelCard
@@ -28,7 +28,6 @@ ENGINES = ("auto", "llama", "torch")
 _MARGIN_BYTES = 512 << 20
 # Python, torch and llama.cpp's context besides the weights.
 _TORCH_BASE_BYTES = 768 << 20
-_BLOCK = re.compile(r"\.layers\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -44,28 +43,23 @@ def llama_need_bytes(card: ModelCard, download_bytes: int) -> int:
     return held + _MARGIN_BYTES
 
 
-def torch_need_bytes(card: ModelCard) -> int:
-    """The block-wise run: the largest block's float32 weights twice (loaded, and the reader's
-    buffers), and the largest other tensor (embedding, head) three times (it, its float32 copy, a
-    sequence's logits over the vocabulary are no larger)."""
-    blocks: dict[int, int] = {}
-    outside = 0
-    for tensor in card.tensors:
-        found = _BLOCK.search(tensor.name)
-        if found is None:
-            outside = max(outside, tensor.numel)
-        else:
-            blocks[int(found.group(1))] = blocks.get(int(found.group(1)), 0) + tensor.numel
-    return _TORCH_BASE_BYTES + 4 * (2 * max(blocks.values(), default=0) + 3 * outside)
+def torch_need_bytes(card: ModelCard, sequence_tokens: int) -> int:
+    """The block-wise run: one tensor at a time in its 16-bit type (read, then copied), the largest
+    being the embedding or a block weight, and one sequence's float32 logits over the vocabulary."""
+    largest = max((tensor.numel for tensor in card.tensors), default=0)
+    vocab = max((t.shape[0] for t in card.tensors if t.name.endswith("embed_tokens.weight")), default=0)
+    return _TORCH_BASE_BYTES + 2 * 2 * largest + 4 * vocab * sequence_tokens
 
 
-def choose_engine(card: ModelCard, requested: str, download_bytes: int) -> EngineChoice:
-    """The engine for ``requested`` (one of `ENGINES`); ``auto`` as the module docstring says."""
+def choose_engine(card: ModelCard, requested: str, download_bytes: int, sequence_tokens: int) -> EngineChoice:
+    """The engine for ``requested`` (one of `ENGINES`); ``auto`` as the module docstring says.
+    ``sequence_tokens``: the longest sequence the source runs over (its logits are held at once)."""
     llama_need = llama_need_bytes(card, download_bytes)
     if requested == "llama" or card.is_gguf:
-        held = "as stored" if card.is_gguf else "as a 16-bit copy"
+        held = (f"as stored ({download_bytes / 1e9:.2f} GB)" if card.is_gguf else
+                f"as a 16-bit copy ({card.param_count / 1e9:.2f}B parameters x 2 bytes)")
         return EngineChoice("llama", llama_need, f"llama.cpp runs the whole source {held}")
-    torch_need = torch_need_bytes(card)
+    torch_need = torch_need_bytes(card, sequence_tokens)
     if requested == "auto" and llama_need <= torch_need:  # decided without loading torch
         return EngineChoice("llama", llama_need, "llama.cpp runs the whole source: it needs "
                             f"{llama_need / 1e9:.2f} GB, no more than the block-wise run's "

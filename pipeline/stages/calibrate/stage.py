@@ -85,8 +85,12 @@ def memory_need(params: Params, inputs: Mapping[str, InputFile]) -> MemoryNeed |
     if card_item is None:
         return None
     card = ModelCard.load(card_item.path, f"inspect/{CARD_NAME}")
-    choice = choose_engine(card, params.engine, input_size(inputs, "download/"))
+    choice = choose_engine(card, params.engine, input_size(inputs, "download/"), _longest_sequence(params))
     return MemoryNeed(choice.need_bytes, choice.why)
+
+
+def _longest_sequence(params: Params) -> int:
+    return max(params.probe.n_ctx, params.calibration_ctx if params.is_statistics else 0)
 
 
 def _threads() -> int:
@@ -176,6 +180,7 @@ def _statistics_files(
 
 def _run_llama(card: ModelCard, download: Mapping[str, Path], params: Params, workdir: Path) -> _SourceRun:
     """The whole source in llama.cpp: the answers (a child process), then the statistics when asked."""
+    from pipeline.calibration.gpu_offload import choose_offload
     from pipeline.calibration.llama_collect import collect_with_llama_cpp
     from pipeline.calibration.reference import ReferenceBuilder
 
@@ -198,18 +203,22 @@ def _run_llama(card: ModelCard, download: Mapping[str, Path], params: Params, wo
             builder = ReferenceBuilder(agreement, params.top_k, params.tail_samples, params.probe.seed)
             if agreement.ids:
                 builder.add(0, np.load(str(probe.logits_path)))
-            return _SourceRun(builder, answers, probe.n_vocab,
-                              metrics={"source_load_s": probe.load_s, "source_gguf_s": round(written_s, 3)})
+            return _SourceRun(builder, answers, probe.n_vocab, metrics={
+                "source_load_s": probe.load_s, "source_gguf_s": round(written_s, 3),
+                "device": probe.backend.device, "n_gpu_layers": probe.backend.n_gpu_layers,
+                "offload": probe.backend.offload_why})
         sequences, counted = _with_calibration(agreement, params, source)
         builder = ReferenceBuilder(sequences, params.top_k, params.tail_samples, params.probe.seed)
         stats = _statistics(params)
+        offload = choose_offload(source, params.probe.n_gpu_layers)
         report = collect_with_llama_cpp(
             source, sequences, stats, reference=builder,
             gram_dir=workdir / GRAM_PREFIX.rstrip("/") if params.is_gram else None,
-            n_threads=n_threads, stats_for=frozenset(counted),
+            n_threads=n_threads, stats_for=frozenset(counted), n_gpu_layers=offload.n_gpu_layers,
         )
         outputs, metrics = _statistics_files(stats, params, sequences, counted, report, workdir)
-        metrics.update({"source_load_s": probe.load_s, "source_gguf_s": round(written_s, 3)})
+        metrics.update({"source_load_s": probe.load_s, "source_gguf_s": round(written_s, 3),
+                        "n_gpu_layers": offload.n_gpu_layers, "offload": offload.why})
         return _SourceRun(builder, answers, probe.n_vocab, outputs, metrics, report.notes)
     finally:
         if probe is not None and probe.logits_path:
@@ -272,7 +281,8 @@ def run(
         raise InputError(f"calibrate needs inspect/{CARD_NAME} and the download's files; "
                          f"got {sorted(inputs)}")
     card = ModelCard.load(card_item.path, f"inspect/{CARD_NAME}")
-    choice: EngineChoice = choose_engine(card, params.engine, input_size(inputs, "download/"))
+    choice: EngineChoice = choose_engine(card, params.engine, input_size(inputs, "download/"),
+                                         _longest_sequence(params))
     made = (_run_torch if choice.engine == "torch" else _run_llama)(card, download, params, workdir)
     from pipeline.calibration.reference import write_reference
 

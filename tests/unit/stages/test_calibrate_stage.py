@@ -236,12 +236,12 @@ def test_auto_engine_picks_by_memory(demo_card: dict[str, Any]) -> None:
     from pipeline.stages.calibrate.engines import choose_engine
 
     small = ModelCard.from_dict(demo_card)
-    assert choose_engine(small, "auto", 10**6).engine == "llama"
+    assert choose_engine(small, "auto", 10**6, 256).engine == "llama"
     big = ModelCard.from_dict({**demo_card, "param_count": 3 * 10**9})
-    chosen = choose_engine(big, "auto", 10**6)
+    chosen = choose_engine(big, "auto", 10**6, 256)
     assert chosen.engine == "torch" and "instead of llama.cpp's 6.54 GB" in chosen.why
-    assert choose_engine(big, "llama", 10**6).engine == "llama"
+    assert choose_engine(big, "llama", 10**6, 256).engine == "llama"
     with pytest.raises(InputError, match="reference_engine=torch"):
         choose_engine(ModelCard.from_dict({**demo_card, "config": {**demo_card["config"],
                                                                    "rope_scaling": {"type": "yarn"}}}),
-                      "torch", 10**6)
+                      "torch", 10**6, 256)
