@@ -135,6 +135,7 @@ def worker_rows(session: Any, timeout_s: float) -> tuple[list[dict[str, Any]], l
             served.update(worker.queues)
         rows.append({"name": worker.name, "hostname": worker.hostname, "pid": worker.pid, "state": state,
                      "queues": list(worker.queues), "concurrency": worker.concurrency,
+                     "memory_limit_mb": worker.memory_limit_mb,
                      "held_task_ids": list(worker.held_task_ids), "started_at": worker.started_at,
                      "heartbeat_at": worker.heartbeat_at, "heartbeat_age_s": round(age_s, 1)})
     return rows, [queue for queue in QUEUES if queue not in served]

@@ -31,9 +31,14 @@ class UnreachableError(PipelineError):
 
 class OutgrowsWorker(PipelineError):
     """A stage would need more memory than this worker may use (BONSAI_WORKER_MEMORY_MB), refused
-    before it starts; another attempt may land on a bigger worker of the same queue."""
+    before it starts; another attempt may land on a bigger worker of the same queue. ``metrics``
+    (recorded on the attempt) holds both numbers, so the job can wait for such a worker."""
 
     is_retryable = True
+
+    def __init__(self, message: str, need_bytes: int, cap_bytes: int) -> None:
+        super().__init__(message)
+        self.metrics = {"memory_need_bytes": int(need_bytes), "worker_cap_bytes": int(cap_bytes)}
 
 
 class IllegalTransition(PipelineError):

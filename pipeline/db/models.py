@@ -221,6 +221,8 @@ class Worker(Base):
     pid: Mapped[int] = mapped_column(Integer)
     queues: Mapped[list[str]] = mapped_column(default=list)
     concurrency: Mapped[int] = mapped_column(Integer, default=1)
+    # BONSAI_WORKER_MEMORY_MB of this worker; None: no cap (it takes a stage of any size).
+    memory_limit_mb: Mapped[int | None] = mapped_column(Integer)
     held_task_ids: Mapped[list[str]] = mapped_column(default=list)
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)

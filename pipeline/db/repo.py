@@ -309,11 +309,12 @@ def running_with_key(session: Session, key: str, exclude_run_id: int, heartbeat_
 
 
 def worker_started(session: Session, name: str, hostname: str, pid: int, queues: Sequence[str],
-                   concurrency: int) -> Worker:
+                   concurrency: int, memory_limit_mb: int | None = None) -> Worker:
     """Record (or renew, after a restart under the same name) a worker's row."""
     now = utcnow()
     worker = session.get(Worker, name) or Worker(name=name)
     worker.hostname, worker.pid, worker.queues, worker.concurrency = hostname, pid, list(queues), concurrency
+    worker.memory_limit_mb = memory_limit_mb
     worker.held_task_ids, worker.started_at, worker.heartbeat_at, worker.stopped_at = [], now, now, None
     session.add(worker)
     session.flush()

@@ -270,7 +270,7 @@ def _refuse_if_too_big(
         raise OutgrowsWorker(
             f"{stage.value} would need about {need.n_bytes >> 20:,} MB ({need.why}), over this worker's "
             f"cap of {cap_bytes >> 20:,} MB (BONSAI_WORKER_MEMORY_MB); run it on a worker with more memory "
-            "(README: Memory and disk)")
+            "(README: Memory and disk)", need.n_bytes, cap_bytes)
 
 
 def _memory_guard(rt: Runtime, run_id: int) -> contextlib.AbstractContextManager[object]:

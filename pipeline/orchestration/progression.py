@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -20,6 +21,7 @@ from pipeline.db.models import Job, StageRun
 from pipeline.orchestration import coordinator
 from pipeline.orchestration.coordinator import Step
 from pipeline.orchestration.plan import JobPlan, calibrate_not_needed, plan_for
+from pipeline.orchestration.queues import QUEUE_OF
 
 __all__ = ["Advance", "advance_job", "retry_delay_s", "WORKER_LOST", "OUT_OF_MEMORY"]
 
@@ -59,11 +61,15 @@ def advance_job(
     retry_base_s: float,
     spare_workers: bool = False,
     queue: bool = False,
+    workers_since: datetime | None = None,
 ) -> Advance:
     """Decide and record the job's next steps: an attempt for every stage whose inputs are done.
 
     ``spare_workers``: other workers can run a stage whose need is not yet known (calibrate beside
     decompose). ``queue``: each ready attempt is marked queued under a new task id (its Step's).
+    ``workers_since``: workers that beat since then are alive; an attempt a worker refused as too
+    big for its memory cap is then retried without counting while an alive worker of the stage's
+    queue can hold it, and fails the job at once when none can (`_bigger_worker`).
     An ended job is left as it is (a stage that finishes after its job failed queues nothing).
     """
     job = _lock_job(session, job_id)
@@ -83,7 +89,11 @@ def advance_job(
         if failed.status == StageState.CANCELLED:
             repo.set_job_state(session, job, JobState.CANCELLED)
             return Advance(final=JobState.CANCELLED)
-        if failed.error_kind != "retryable" or failed.attempt >= max_attempts:
+        waits, no_worker = _waits_for_bigger_worker(session, failed, workers_since)
+        if no_worker:
+            repo.set_job_state(session, job, JobState.FAILED, error_message=no_worker)
+            return Advance(final=JobState.FAILED)
+        if failed.error_kind != "retryable" or (failed.attempt >= max_attempts and not waits):
             reason = _failure_reason(session, job, failed)
             repo.set_job_state(session, job, JobState.FAILED, error_message=reason)
             return Advance(final=JobState.FAILED)
@@ -99,6 +109,24 @@ def advance_job(
         run = latest.get(stage) or repo.new_attempt(session, job, stage)
         ready.append(_ready(session, job, run, queue, 0.0))
     return Advance(tuple(ready), tuple(in_flight))
+
+
+def _waits_for_bigger_worker(session: Session, failed: StageRun,
+                             workers_since: datetime | None) -> tuple[bool, str | None]:
+    """For an attempt refused as too big for its worker: (whether an alive worker of its queue can hold
+    it, so the job waits without counting the refusal; the job's failure message when none can)."""
+    need = (failed.metrics or {}).get("memory_need_bytes")
+    if workers_since is None or not isinstance(need, int) or failed.error_kind != "retryable":
+        return False, None
+    queue = QUEUE_OF[failed.stage]
+    serving = [w for w in repo.live_workers(session, workers_since) if queue in (w.queues or [])]
+    if any(w.memory_limit_mb is None or w.memory_limit_mb << 20 >= need for w in serving):
+        return True, None
+    caps = [w.memory_limit_mb for w in serving if w.memory_limit_mb is not None]
+    largest = f"the largest cap is {max(caps):,} MB" if caps else "none is alive"
+    return False, (f"{failed.stage} needs about {need >> 20:,} MB and no worker of queue {queue!r} can "
+                   f"hold it ({largest}); start one there with BONSAI_WORKER_MEMORY_MB of at least "
+                   f"{(need >> 20) + 1:,} (or none), then `bonsai retry {failed.job_id}`")
 
 
 def _states(latest: dict[StageName, StageRun]) -> dict[StageName, StageState]:

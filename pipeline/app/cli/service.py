@@ -140,7 +140,8 @@ def workers(obj: CliContext, as_json: bool) -> None:
         click.echo("no worker has ever reported: start one with `bonsai worker --queues io,cpu,gpu`")
     for row in rows:
         held = f", holds {len(row['held_task_ids'])} task(s)" if row["held_task_ids"] else ""
-        click.echo(f"{row['name']:<32} {row['state']:<8} queues {','.join(row['queues'])}; "
+        cap = f"cap {row['memory_limit_mb']:,} MB" if row["memory_limit_mb"] else "no memory cap"
+        click.echo(f"{row['name']:<32} {row['state']:<8} queues {','.join(row['queues'])}; {cap}; "
                    f"last heartbeat {row['heartbeat_age_s']:.0f}s ago{held}")
     for queue in idle_queues:
         click.echo(f"warning: no live worker serves queue {queue!r}; its stages wait until one does "

@@ -36,8 +36,8 @@ class WorkerBeacon:
     """Keeps this worker's row fresh until `stop`."""
 
     def __init__(self, sessions: sessionmaker[Session], name: str, queues: Sequence[str], concurrency: int,
-                 interval_s: float) -> None:
-        self._sessions, self.name = sessions, name
+                 interval_s: float, memory_limit_mb: int | None = None) -> None:
+        self._sessions, self.name, self._memory_limit_mb = sessions, name, memory_limit_mb
         self._queues, self._concurrency, self._interval_s = list(queues), concurrency, interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="worker-beacon", daemon=True)
@@ -45,7 +45,7 @@ class WorkerBeacon:
     def start(self) -> None:
         with session_scope(self._sessions) as session:
             repo.worker_started(session, self.name, socket.gethostname(), os.getpid(), self._queues,
-                                self._concurrency)
+                                self._concurrency, self._memory_limit_mb)
         self._thread.start()
 
     def stop(self) -> None:

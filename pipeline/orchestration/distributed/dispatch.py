@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -16,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from pipeline.core.settings import Settings
 from pipeline.core.states import StageName, StageState
 from pipeline.db import repo
-from pipeline.db.models import Job, StageRun
+from pipeline.db.models import Job, StageRun, utcnow
 from pipeline.db.session import session_scope
 from pipeline.orchestration.execution import join_shards
 from pipeline.orchestration.progression import Advance, advance_job
@@ -80,8 +81,10 @@ class Dispatcher:
     def advance(self, job_id: int) -> Advance:
         """Record the job's next steps and send every attempt that is ready, each to its queue."""
         with session_scope(self.sessions) as session:
+            since = utcnow() - timedelta(seconds=self.settings.heartbeat_timeout_s)
             outcome = advance_job(session, job_id, max_attempts=self.settings.max_attempts,
-                                  retry_base_s=self.settings.retry_base_s, spare_workers=True, queue=True)
+                                  retry_base_s=self.settings.retry_base_s, spare_workers=True, queue=True,
+                                  workers_since=since)
             priority = session.get_one(Job, job_id).priority
         for step in outcome.ready:
             assert step.task_id is not None

@@ -71,7 +71,9 @@ def announce(queues: Sequence[str], concurrency: int) -> None:
     @worker_ready.connect(weak=False)  # type: ignore[untyped-decorator]
     def _start(sender: Any = None, **_kwargs: object) -> None:
         name = str(getattr(sender, "hostname", None) or f"worker@{os.getpid()}")
-        beacon = WorkerBeacon(runtime().sessions, name, queues, concurrency, settings().heartbeat_s)
+        cap = runtime().memory_limit_bytes
+        beacon = WorkerBeacon(runtime().sessions, name, queues, concurrency, settings().heartbeat_s,
+                              cap >> 20 if cap else None)
         beacon.start()
         _beacons.append(beacon)
 

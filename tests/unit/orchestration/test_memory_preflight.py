@@ -67,3 +67,22 @@ def test_a_capped_worker_refuses_what_it_cannot_hold_and_names_both_numbers(tmp_
     message = str(refused.value)
     assert "calibrate would need about 5,890 MB" in message and "cap of 4,096 MB" in message
     assert "BONSAI_WORKER_MEMORY_MB" in message and refused.value.is_retryable
+
+
+def test_a_worker_records_its_cap_and_workers_shows_it(tmp_path: Path) -> None:
+    from pipeline.app.views import worker_rows
+    from pipeline.db.session import session_scope
+    from pipeline.orchestration.distributed.beacon import WorkerBeacon
+
+    rt = build_runtime(Settings(home=tmp_path / "home"))
+    capped = WorkerBeacon(rt.sessions, "small@host", ["gpu"], 1, 60.0, memory_limit_mb=4096)
+    uncapped = WorkerBeacon(rt.sessions, "big@host", ["gpu"], 1, 60.0)
+    for beacon in (capped, uncapped):
+        beacon.start()
+    try:
+        with session_scope(rt.sessions) as session:
+            rows, _idle = worker_rows(session, 120.0)
+    finally:
+        for beacon in (capped, uncapped):
+            beacon.stop()
+    assert {row["name"]: row["memory_limit_mb"] for row in rows} == {"small@host": 4096, "big@host": None}

@@ -91,3 +91,50 @@ def test_on_one_machine_calibrate_waits_for_the_verdict(rt: Runtime) -> None:
     # Lossy: package and calibrate both wait only for decompose now.
     assert [s.stage for s in _advance(rt, job_id, spare_workers=False).ready] == [
         StageName.PACKAGE, StageName.CALIBRATE]
+
+
+def _refused(rt: Runtime, job_id: int, run_id: int, need_mb: int) -> None:
+    _finish(rt, run_id, S.FAILED, error_kind="retryable", error_message=f"OutgrowsWorker: needs {need_mb} MB",
+            metrics={"memory_need_bytes": need_mb << 20, "worker_cap_bytes": 1024 << 20})
+
+
+def _worker(rt: Runtime, name: str, queues: list[str], cap_mb: int | None) -> None:
+    with session_scope(rt.sessions) as session:
+        repo.worker_started(session, name, "host", 1, queues, 1, cap_mb)
+
+
+def _advance_with_workers(rt: Runtime, job_id: int) -> Advance:
+    from datetime import timedelta
+
+    from pipeline.db.models import utcnow
+
+    with session_scope(rt.sessions) as session:
+        return advance_job(session, job_id, max_attempts=2, retry_base_s=0.0, spare_workers=True, queue=True,
+                           workers_since=utcnow() - timedelta(minutes=2))
+
+
+def test_a_refused_attempt_waits_for_a_bigger_worker_without_counting(rt: Runtime) -> None:
+    job_id = _job_past_inspect(rt, spare_workers=True)
+    _worker(rt, "small@a", ["gpu"], 1024)
+    _worker(rt, "big@b", ["gpu"], 8192)
+    _worker(rt, "cpu@c", ["cpu"], None)  # serves another queue: no help
+    decompose = next(s for s in _advance_with_workers(rt, job_id).ready if s.stage is StageName.DECOMPOSE)
+    run_id = decompose.run_id
+    for _ in range(4):  # well past max_attempts=2: refusals do not use the job's attempts up
+        _refused(rt, job_id, run_id, need_mb=4096)
+        outcome = _advance_with_workers(rt, job_id)
+        assert outcome.final is None
+        run_id = next(s.run_id for s in outcome.ready if s.stage is StageName.DECOMPOSE)
+
+
+def test_a_refused_attempt_fails_at_once_when_no_worker_can_hold_it(rt: Runtime) -> None:
+    job_id = _job_past_inspect(rt, spare_workers=True)
+    _worker(rt, "small@a", ["gpu"], 1024)
+    _worker(rt, "medium@b", ["gpu"], 2048)
+    decompose = next(s for s in _advance_with_workers(rt, job_id).ready if s.stage is StageName.DECOMPOSE)
+    _refused(rt, job_id, decompose.run_id, need_mb=4096)
+    assert _advance_with_workers(rt, job_id).final is JobState.FAILED
+    with session_scope(rt.sessions) as session:
+        message = repo.get_job(session, job_id).error_message
+    assert "needs about 4,096 MB" in message and "the largest cap is 2,048 MB" in message
+    assert f"`bonsai retry {job_id}`" in message and "BONSAI_WORKER_MEMORY_MB of at least 4,097" in message
