@@ -175,7 +175,8 @@ class CheckpointTensors:
             tensor = bitnet_weight_quant(tensor)
         dtype = tensor.dtype if keep and tensor.dtype in (torch.bfloat16, torch.float16) else torch.float32
         if keep and dtype == tensor.dtype and self.device.type == "cpu":
-            return tensor  # the reader's mapping of the file (valid while held): no copy of a 16-bit weight
+            mapped: torch.Tensor = tensor  # the reader's mapping of the file (valid while held): no copy
+            return mapped
         out: torch.Tensor = tensor.to(self.device, dtype, copy=True)
         return out
 

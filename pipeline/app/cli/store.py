@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import click
 
 from pipeline.app.cli.main import CliContext, cli, echo_json, guard
@@ -42,6 +45,18 @@ def gc(obj: CliContext, older_than: str | None, keep_published: bool, dry_run: b
                + (f"; kept: {kept}" if kept else ""))
 
 
+def _on_artifact(obj: CliContext, ref: str, change: Callable[[Any, Any], str]) -> None:
+    """Resolve ARTIFACT (a sha256 or a unique prefix), apply ``change(session, artifact)`` in one
+    transaction, and print what it says."""
+    from pipeline.db.session import session_scope
+    from pipeline.provenance.audit import resolve_artifact
+
+    rt = obj.runtime()
+    with session_scope(rt.sessions) as session:
+        said = change(session, resolve_artifact(session, ref))
+    click.echo(said)
+
+
 @cli.command()
 @click.argument("artifact")
 @click.pass_obj
@@ -51,14 +66,12 @@ def pin(obj: CliContext, artifact: str) -> None:
     import getpass
 
     from pipeline.db import retention
-    from pipeline.db.session import session_scope
-    from pipeline.provenance.audit import resolve_artifact
 
-    rt = obj.runtime()
-    with session_scope(rt.sessions) as session:
-        item = resolve_artifact(session, artifact)
+    def change(session: Any, item: Any) -> str:
         is_new = retention.pin(session, item, retention.PIN, f"cli:{getpass.getuser()}")
-    click.echo(f"pinned {item.sha256}" + ("" if is_new else " (already pinned)"))
+        return f"pinned {item.sha256}" + ("" if is_new else " (already pinned)")
+
+    _on_artifact(obj, artifact, change)
 
 
 @cli.command()
@@ -68,11 +81,9 @@ def pin(obj: CliContext, artifact: str) -> None:
 def unpin(obj: CliContext, artifact: str) -> None:
     """Let `bonsai gc` take ARTIFACT's bytes again (when nothing else holds them)."""
     from pipeline.db import retention
-    from pipeline.db.session import session_scope
-    from pipeline.provenance.audit import resolve_artifact
 
-    rt = obj.runtime()
-    with session_scope(rt.sessions) as session:
-        item = resolve_artifact(session, artifact)
-        count = retention.unpin(session, item)
-    click.echo(f"unpinned {item.sha256}" if count else f"{item.sha256} was not pinned")
+    def change(session: Any, item: Any) -> str:
+        dropped = retention.unpin(session, item)
+        return f"unpinned {item.sha256}" if dropped else f"{item.sha256} was not pinned"
+
+    _on_artifact(obj, artifact, change)
