@@ -76,6 +76,11 @@ class ModelCard:
     def is_gguf(self) -> bool:
         return self.format == "gguf"
 
+    @property
+    def embedding_rows(self) -> int:
+        """Rows of an HF checkpoint's token embedding (its vocabulary as the model computes it); 0 if none."""
+        return max((t.shape[0] for t in self.tensors if t.name.endswith("embed_tokens.weight")), default=0)
+
     def to_dict(self) -> dict[str, Any]:
         """The card's JSON document (key order is part of its bytes, and so of its digest)."""
         document: dict[str, Any] = {

@@ -47,8 +47,7 @@ def torch_need_bytes(card: ModelCard, sequence_tokens: int) -> int:
     """The block-wise run: one tensor at a time in its 16-bit type (read, then copied), the largest
     being the embedding or a block weight, and one sequence's float32 logits over the vocabulary."""
     largest = max((tensor.numel for tensor in card.tensors), default=0)
-    vocab = max((t.shape[0] for t in card.tensors if t.name.endswith("embed_tokens.weight")), default=0)
-    return _TORCH_BASE_BYTES + 2 * 2 * largest + 4 * vocab * sequence_tokens
+    return _TORCH_BASE_BYTES + 2 * 2 * largest + 4 * card.embedding_rows * sequence_tokens
 
 
 def choose_engine(card: ModelCard, requested: str, download_bytes: int, sequence_tokens: int) -> EngineChoice:

@@ -250,7 +250,7 @@ def _run_torch(card: ModelCard, download: Mapping[str, Path], params: Params, wo
     builder = ReferenceBuilder(sequences, params.top_k, params.tail_samples, params.probe.seed)
     shards = {name: path for name, path in download.items() if name in card.shards}
     if not sequences.ids:
-        return _SourceRun(builder, answers, _embedding_rows(card))
+        return _SourceRun(builder, answers, card.embedding_rows)
     stats = _statistics(params, default_device())
     report = collect_with_torch(
         card, shards, sequences, stats, reference=builder,
@@ -258,14 +258,9 @@ def _run_torch(card: ModelCard, download: Mapping[str, Path], params: Params, wo
     )
     if not params.is_statistics:
         metrics = {"engine": report.engine, "device": report.device, "collect_s": round(report.seconds, 3)}
-        return _SourceRun(builder, answers, builder.n_vocab or _embedding_rows(card), metrics=metrics)
+        return _SourceRun(builder, answers, builder.n_vocab or card.embedding_rows, metrics=metrics)
     outputs, metrics = _statistics_files(stats, params, sequences, counted, report, workdir)
-    return _SourceRun(builder, answers, builder.n_vocab or _embedding_rows(card), outputs, metrics)
-
-
-def _embedding_rows(card: ModelCard) -> int:
-    rows = [t.shape[0] for t in card.tensors if t.name.endswith("embed_tokens.weight")]
-    return rows[0] if rows else 0
+    return _SourceRun(builder, answers, builder.n_vocab or card.embedding_rows, outputs, metrics)
 
 
 def run(
