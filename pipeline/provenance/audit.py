@@ -185,14 +185,15 @@ class _Walker:
 
     def _check_bytes(self, name: str, artifact: Artifact, node: dict[str, Any]) -> None:
         sha256 = artifact.sha256
-        if artifact.released_at is not None and not self.store.has(sha256):
+        is_stored = self.store.has(sha256)
+        if artifact.released_at is not None and not is_stored:
             # Removed on purpose: the records (rows, digests, statements) are still checked.
             self.report.not_retained += 1
             node["retained"] = False
             node["note"] = (f"bytes not retained: `bonsai gc` removed them on "
                             f"{artifact.released_at:%Y-%m-%d %H:%M} UTC; the digest and statements remain")
             return
-        if not self.store.has(sha256):
+        if not is_stored:
             self.problem(
                 "missing",
                 name,

@@ -77,11 +77,12 @@ def download(request: Request, _token: Reader, ref: str) -> FileResponse:
             .limit(1)
         )
         media_type = item.media_type
-    if item.released_at is not None and not store.has(item.sha256):
+    is_stored = store.has(item.sha256)
+    if item.released_at is not None and not is_stored:
         raise HTTPException(status.HTTP_410_GONE, f"artifact {item.sha256}: bytes not retained "
                             f"(`bonsai gc` removed them on {item.released_at:%Y-%m-%d %H:%M} UTC); "
                             "rerun the stage that made it")
-    if not store.has(item.sha256):
+    if not is_stored:
         raise HTTPException(status.HTTP_410_GONE, f"artifact {item.sha256} is recorded but not in the store")
     filename = (name or item.sha256).rsplit("/", 1)[-1]
     return FileResponse(
