@@ -60,6 +60,11 @@ class GcRules:
     dry_run: bool = False
     only: frozenset[str] | None = None
 
+    @classmethod
+    def asked(cls, older_than: str | None, keep_published: bool, dry_run: bool) -> GcRules:
+        """The rules a user asked for (CLI flags, the API's body); ``older_than`` as `parse_age` reads it."""
+        return cls(parse_age(older_than) if older_than else None, keep_published, dry_run)
+
 
 @dataclass
 class GcReport:
@@ -97,17 +102,15 @@ def collect_garbage(session: Session, store: ArtifactStore, rules: GcRules) -> G
         found = set(session.scalars(retained.where(Artifact.sha256.in_(query))))
         report.kept[reason] = len(found - held)
         held |= found
-    candidates = session.execute(
-        select(Artifact.sha256, Artifact.size_bytes).where(Artifact.sha256.in_(retained))
-        .order_by(Artifact.created_at)
-    ).all()
-    for sha256, size in candidates:
-        if sha256 in held:
+    oldest_first = select(Artifact).where(Artifact.sha256.in_(retained)).order_by(Artifact.created_at)
+    candidates = session.scalars(oldest_first).all()
+    for artifact in candidates:
+        if artifact.sha256 in held:
             continue
         if not rules.dry_run:
-            store.remove(sha256)
-            session.get_one(Artifact, sha256).released_at = now
-        report.removed.append((sha256, int(size)))
+            store.remove(artifact.sha256)
+            artifact.released_at = now
+        report.removed.append((artifact.sha256, int(artifact.size_bytes)))
     if report.removed and not rules.dry_run:
         log.info("gc: removed %d artifacts (%d bytes)", len(report.removed), report.removed_bytes)
     return report

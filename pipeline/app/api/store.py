@@ -26,10 +26,9 @@ class GcRequest(BaseModel):
 
 @router.post("/gc", summary="Remove stored bytes no unfinished job reads and no pin holds (admin)")
 def gc(request: Request, _token: Admin, body: GcRequest) -> dict[str, Any]:
-    from pipeline.orchestration.store_gc import GcRules, collect_garbage, parse_age
+    from pipeline.orchestration.store_gc import GcRules, collect_garbage
 
-    rules = GcRules(older_than=parse_age(body.older_than) if body.older_than else None,
-                    keep_published=body.keep_published, dry_run=body.dry_run)
+    rules = GcRules.asked(body.older_than, body.keep_published, body.dry_run)
     rt = request.app.state.rt
     with session_scope(rt.sessions) as session:
         report = collect_garbage(session, rt.store, rules)

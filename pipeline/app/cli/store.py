@@ -29,10 +29,9 @@ def gc(obj: CliContext, older_than: str | None, keep_published: bool, dry_run: b
     A failed job keeps its bytes for `bonsai retry`: cancel it to let them go. Safe beside running jobs.
     """
     from pipeline.db.session import session_scope
-    from pipeline.orchestration.store_gc import GcRules, collect_garbage, parse_age
+    from pipeline.orchestration.store_gc import GcRules, collect_garbage
 
-    rules = GcRules(older_than=parse_age(older_than) if older_than else None,
-                    keep_published=keep_published, dry_run=dry_run)
+    rules = GcRules.asked(older_than, keep_published, dry_run)
     rt = obj.runtime()
     with session_scope(rt.sessions) as session:
         report = collect_garbage(session, rt.store, rules)
