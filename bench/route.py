@@ -153,15 +153,17 @@ def converter_pythonpath(tree: Path) -> str:
     return os.pathsep.join(parts)
 
 
-def build_checkpoint(dest: Path) -> tuple[Path, int]:
-    """The 379M ternary Llama with a SentencePiece vocabulary in `dest`; returns (folder, params)."""
+def build_checkpoint(dest: Path, shape: dict[str, int] | None = None,
+                     weights: str = "ternary") -> tuple[Path, int]:
+    """A Llama with a SentencePiece vocabulary in `dest` (the 379M ternary one unless ``shape`` and
+    ``weights`` say otherwise, as `write_demo_checkpoint` takes them); returns (folder, params)."""
     import math
 
     from safetensors import safe_open
 
     from pipeline.demo.checkpoint import write_demo_checkpoint
 
-    folder = write_demo_checkpoint(dest, tokenizer="spm", **SHAPE)
+    folder = write_demo_checkpoint(dest, tokenizer="spm", weights=weights, **(shape or SHAPE))
     with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:
         n_params = sum(math.prod(handle.get_slice(name).get_shape()) for name in handle.keys())
     return folder, n_params

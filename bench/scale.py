@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import statistics
@@ -55,8 +54,7 @@ _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from bench.route import SHAPE as ROUTE_SHAPE  # noqa: E402
-from bench.route import _utc, converter_pythonpath, locate_llama_cpp_tree  # noqa: E402
+from bench.route import _utc, build_checkpoint, converter_pythonpath, locate_llama_cpp_tree  # noqa: E402
 
 # hidden / heads = 128; every width a multiple of 256 (the demo's ternary blocks).
 SIZES = {
@@ -131,17 +129,6 @@ def _run_sampled(
     if proc.returncode != 0 and not may_fail:
         raise SystemExit(f"{what} failed (exit {proc.returncode}):\n{err[-4000:]}")
     return seconds, sampler, out
-
-
-def build(dest: Path, shape: dict[str, int], weights: str) -> tuple[Path, int]:
-    from safetensors import safe_open
-
-    from pipeline.demo.checkpoint import write_demo_checkpoint
-
-    folder = write_demo_checkpoint(dest, tokenizer="spm", weights=weights, **shape)
-    with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:
-        n_params = sum(math.prod(handle.get_slice(n).get_shape()) for n in handle.keys())
-    return folder, n_params
 
 
 def llama_route(tree: Path, ckpt: Path, work: Path) -> dict[str, float]:
@@ -247,7 +234,7 @@ def reference_agreement(work: Path) -> dict[str, float]:
     from pipeline.stages.inspect.safetensors_card import safetensors_card
     from pipeline.stages.validate.params import DEFAULT_AGREEMENT_TEXT
 
-    ckpt, _ = build(work / "ref-ckpt", ROUTE_SHAPE, "dense")
+    ckpt, _ = build_checkpoint(work / "ref-ckpt", weights="dense")
     files = {p.name: p for p in ckpt.iterdir()}
     card = safetensors_card({n: InputFile(n, p, "0" * 64, p.stat().st_size) for n, p in files.items()}, [])
     source = write_source_gguf(card, files, work / "ref-source.gguf")
@@ -321,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             tree = locate_llama_cpp_tree()
             for size in sizes:
                 for kind in kinds:
-                    ckpt, n_params = build(root / f"ckpt-{size}-{kind}", SIZES[size], kind)
+                    ckpt, n_params = build_checkpoint(root / f"ckpt-{size}-{kind}", SIZES[size], kind)
                     llamas, ours = [], []
                     for index in range(args.runs):
                         llamas.append(llama_route(tree, ckpt, root))
