@@ -94,7 +94,6 @@ def collect_with_torch(
             hidden = blocks_forward(spec, weights, hidden, prefix=prefix, on_input=stats.add, counted=counted)
             if gram_dir is not None:
                 paths += write_grams(stats, gram_dir, [prefix + name for name in weights])
-            del weights
             if on_block is not None:
                 on_block(index + 1, spec.n_layers)
         if reference is not None:
