@@ -99,7 +99,7 @@ def fit_pack(
     """
     if not is_available():
         raise ValueError("the compiled kernel needs numba; use fit.fit_optimal and pack.pack_ternary")
-    from pipeline.ternary import _kernel_impl
+    from pipeline.ternary import _kernel_tq_impl
 
     if ggml_type not in BLOCK_BYTES:
         raise ValueError(f"{ggml_type!r} is not a ternary type; expected one of {sorted(BLOCK_BYTES)}")
@@ -119,7 +119,7 @@ def fit_pack(
     view = out[:n_bytes]
     stats = np.zeros((max(1, -(-n_blocks // _CHUNK_BLOCKS)), 8))  # 64-byte rows: no false sharing
     if n_blocks:
-        _kernel_impl.fit_pack_all(src, 16 if bf16 else 0, view, stats, _CHUNK_BLOCKS, ggml_type == "TQ1_0")
+        _kernel_tq_impl.fit_pack_all(src, 16 if bf16 else 0, view, stats, _CHUNK_BLOCKS, ggml_type == "TQ1_0")
     totals = stats.sum(axis=0)
     if totals[4] > 0:
         raise ValueError(f"the weights hold NaN or infinite values ({int(totals[4])} blocks of 256)")

@@ -5,7 +5,7 @@ for Q2_0, 128 for Q1_0; float32, or bfloat16 as stored) and writes their bytes i
 Its bytes are those of `fit_bonsai.fit_q2_0` / `fit_q1_0` followed by `pack_bonsai`, for every
 level count and with or without importance; the unit tests check that bit for bit. It runs on
 every core (numba ``prange``) and numba caches the compiled code on disk, keyed on
-`_kernel_bonsai_impl` (its own file, so the TQ kernel's cache is not touched).
+`_kernel_q_impl` (its own file, so the TQ kernel's cache is not touched).
 
 Q1_0 is one pass. Q2_0 with importance or ``levels=4`` sorts each block (ranks, 64 x 64
 comparisons) and walks the same events as `fit_bonsai`, with the same sums in the same order.
@@ -88,7 +88,7 @@ def fit_pack(
     """
     if not is_available():
         raise ValueError("the compiled kernel needs numba; use fit_bonsai and pack_bonsai")
-    from pipeline.ternary import _kernel_bonsai_impl
+    from pipeline.ternary import _kernel_q_impl
 
     if ggml_type not in BLOCK_SIZE:
         raise ValueError(f"{ggml_type!r} is not a Bonsai type; expected one of {sorted(BLOCK_SIZE)}")
@@ -116,7 +116,7 @@ def fit_pack(
         # others share, a thread that loses its core would otherwise hold the whole call up.
         previous = numba.set_parallel_chunksize(1)
         try:
-            _kernel_bonsai_impl.fit_pack_bonsai_all(src, 16 if bf16 else 0, imp, n_per_row, view, stats,
+            _kernel_q_impl.fit_pack_all(src, 16 if bf16 else 0, imp, n_per_row, view, stats,
                                                     _CHUNK_BLOCKS, ggml_type == "Q1_0", levels,
                                                     BLOCK_BYTES[ggml_type])
         finally:

@@ -20,13 +20,13 @@ COMPILE_ESTIMATE_S = {"TQ2_0": 15, "TQ1_0": 15, "Q2_0": 30, "Q1_0": 30}
 
 def _dispatcher(ggml_type: str) -> Any:
     if ggml_type in ("TQ2_0", "TQ1_0"):
-        from pipeline.ternary import _kernel_impl
+        from pipeline.ternary import _kernel_tq_impl
 
-        return _kernel_impl.fit_pack_all
+        return _kernel_tq_impl.fit_pack_all
     if ggml_type in ("Q2_0", "Q1_0"):
-        from pipeline.ternary import _kernel_bonsai_impl
+        from pipeline.ternary import _kernel_q_impl
 
-        return _kernel_bonsai_impl.fit_pack_bonsai_all
+        return _kernel_q_impl.fit_pack_all
     return None
 
 

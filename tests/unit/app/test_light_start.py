@@ -93,7 +93,7 @@ def test_the_background_warm_up_loads_the_jobs_cached_kernel_and_compiles_nothin
     _loaded_after("from pipeline.ternary import kernel\nkernel.warm_up()\n", ())
     code = (
         "import pipeline.orchestration.embedded as e\ne.warm_up('TQ2_0').join()\n"
-        "from pipeline.ternary import _kernel_impl as k\nd = k.fit_pack_all\n"
+        "from pipeline.ternary import _kernel_tq_impl as k\nd = k.fit_pack_all\n"
         "assert len(d.overloads) >= 2, d.overloads\n"  # the bf16 and float32 variants, loaded
         "assert sum(d._cache_misses.values()) == 0, d._cache_misses\n"  # none compiled
         "assert sum(d._cache_hits.values()) == len(d.overloads)\n"
@@ -106,8 +106,8 @@ def test_a_type_without_a_kernel_warms_only_the_libraries() -> None:
 
     assert kernel_cache.load_cached("F16") == 0
     loaded = _loaded_after("import pipeline.orchestration.embedded as e\ne.warm_up('F16').join()\n",
-                           ("torch", "pipeline.ternary._kernel_impl"))
-    assert loaded == {"torch": True, "pipeline.ternary._kernel_impl": False}
+                           ("torch", "pipeline.ternary._kernel_tq_impl"))
+    assert loaded == {"torch": True, "pipeline.ternary._kernel_tq_impl": False}
 
 
 def test_calibrate_loads_torch_only_after_its_source_started_running() -> None:

@@ -130,7 +130,7 @@ def test_decompose_packed_kernel_and_torch_paths_agree() -> None:
 def test_fp16_rounding_matches_numpy() -> None:
     from numba import njit
 
-    from pipeline.ternary._kernel_impl import _fp16_bits, _fp16_round
+    from pipeline.ternary._kernel_tq_impl import _fp16_bits, _fp16_round
 
     @njit
     def run(xs, rounded, bits):  # type: ignore[no-untyped-def]
@@ -158,29 +158,34 @@ def test_fp16_rounding_matches_numpy() -> None:
 
 @pytest.mark.parametrize("register", [True, False])
 def test_compress_matches_numpy(register: bool) -> None:
-    """Both compress lowerings (AVX-512 register compress, LLVM's generic compress-store)."""
+    """Both compress lowerings (AVX-512 in a register, LLVM's generic compress-store), values and indices."""
     from numba import njit
 
-    from pipeline.ternary import _kernel_impl
+    from pipeline.ternary import _kernel_ir
 
-    if register and not _kernel_impl.REGISTER_COMPRESS:
+    if register and not _kernel_ir.REGISTER_COMPRESS:
         pytest.skip("this CPU has no AVX-512")
-    saved = _kernel_impl.REGISTER_COMPRESS
-    _kernel_impl.REGISTER_COMPRESS = register  # read when the intrinsic is lowered, below
+    saved = _kernel_ir.REGISTER_COMPRESS
+    _kernel_ir.REGISTER_COMPRESS = register  # read when the intrinsic is lowered, below
     try:
-        compress16 = _kernel_impl.compress16
+        compress16 = _kernel_ir.compress16
+        compress_index16 = _kernel_ir.compress_index16
 
         @njit
-        def compact(a, lo, hi, out):  # type: ignore[no-untyped-def]
+        def compact(a, lo, hi, out, idx):  # type: ignore[no-untyped-def]
             pos = 0
+            n_idx = 0
             for i0 in range(0, a.shape[0], 16):
                 pos = compress16(a, i0, lo, hi, out, pos)
-            return pos
+                n_idx = compress_index16(a, i0, lo, hi, idx, n_idx)
+            return pos, n_idx
 
         a = np.abs(np.random.default_rng(5).standard_normal(256)).astype(np.float32)
         out = np.zeros(272, np.float32)
-        n = compact(a, np.float32(0.5), np.float32(1.0), out)
+        idx = np.zeros(272, np.int32)
+        n, n_idx = compact(a, np.float32(0.5), np.float32(1.0), out, idx)
     finally:
-        _kernel_impl.REGISTER_COMPRESS = saved
+        _kernel_ir.REGISTER_COMPRESS = saved
     expected = a[(a > 0.5) & (a <= 1.0)]
     assert n == expected.size and np.array_equal(out[:n], expected)
+    assert n_idx == n and np.array_equal(idx[:n_idx], np.flatnonzero((a > 0.5) & (a <= 1.0)))
