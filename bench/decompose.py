@@ -178,12 +178,12 @@ def child_ours(ckpt: Path, card_path: Path, out: Path, layout: str = "tq2_0") ->
 
     from pipeline.stages import decompose, package
     from pipeline.stages.base import InputFile, JobSpec
-    from pipeline.ternary import kernel, kernel_bonsai
+    from pipeline.ternary import kernel
 
     recipe, options, _ = LAYOUTS[layout]
     job = JobSpec("bench", recipe, options=options)
     inputs = _stage_inputs(ckpt, card_path)
-    warm_up_s = kernel.warm_up() + (kernel_bonsai.warm_up() if recipe != "tq2_0" else 0.0)
+    warm_up_s = kernel.warm_up("TQ2_0") + (kernel.warm_up("Q2_0") if recipe != "tq2_0" else 0.0)
     started = time.perf_counter()
     (out / "decompose").mkdir(parents=True)
     result = decompose.run(decompose.make_params(job), inputs, out / "decompose")

@@ -194,7 +194,7 @@ def _base3_bytes(builder: Any, qd: Any, start: int, stride: int, count: int, lan
 
 @intrinsic
 def pack_tq1(typingctx: Any, q: Any, out: Any, base: Any) -> Any:
-    """TQ1_0 code bytes of uint8 codes ``q[0:256]`` at ``out[base:base+52]`` (layout: `pack.pack_tq1_0`)."""
+    """TQ1_0 code bytes of uint8 codes ``q[0:256]`` at ``out[base:base+52]`` (layout: `codecs.tq.TQ1_0`)."""
     sig = nbtypes.void(q, out, nbtypes.intp)
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:

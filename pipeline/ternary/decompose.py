@@ -4,20 +4,17 @@ Blocks run along each row (the input dimension, the last dim of a torch linear w
 is the order GGUF stores and llama.cpp dequantizes. Work happens in row chunks so the peak
 extra memory is a few times one chunk, never a float64 copy of the matrix.
 
-`decompose_packed` goes straight to GGML bytes: on the CPU, for the default recipe (optimal
-fit, uniform importance, no IRLS), through the compiled `kernel` in one pass per block and
-without materialising codes; otherwise through `decompose_matrix` and `pack.pack_ternary`.
-Both give the same bytes.
+`decompose_matrix` is the TQ2_0 / TQ1_0 codecs' torch path (`codecs.tq`); `codecs.decompose_packed`
+fits any low-bit type straight to its GGML bytes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-import numpy.typing as npt
 import torch
 
+from pipeline.ternary.codecs.base import ratio
 from pipeline.ternary.fit import (
     UniformFit,
     absmean_sq_error,
@@ -28,19 +25,18 @@ from pipeline.ternary.fit import (
     fit_optimal_stats,
     refine_irls,
 )
-from pipeline.ternary.packed import PackedMatrix
 
 __all__ = [
     "METHODS",
     "DecomposedMatrix",
-    "PackedMatrix",
     "decompose_matrix",
-    "decompose_packed",
     "relative_error",
     "sparsity",
 ]
 
-METHODS = ("optimal", "absmean", "absmax")
+# The torch fits by method; the TQ codecs declare the same names (a unit test holds them equal).
+_FITS = {"optimal": fit_optimal, "absmean": fit_absmean, "absmax": fit_absmax}
+METHODS = tuple(_FITS)
 _TARGET_CHUNK_WEIGHTS = 1 << 22  # ~4M weights: ~100 MB of temporaries on the sort path
 
 
@@ -84,9 +80,7 @@ def _fit(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if method == "optimal":
         return fit_optimal(blocks, importance)
-    if method == "absmean":
-        return fit_absmean(blocks)
-    return fit_absmax(blocks)
+    return _FITS[method](blocks)
 
 
 def _fit_chunk(
@@ -137,12 +131,6 @@ def _optimal_sq_error(blocks: torch.Tensor, fit: UniformFit, block_norm: torch.T
         exact = block_sq_error(blocks[near_exact], fit.codes[near_exact], fit.scales[near_exact])
         err[near_exact] = exact.double()
     return err.sum().item()
-
-
-def _ratio(num: float, den: float) -> float:
-    if den == 0.0:
-        return 0.0 if num == 0.0 else float("inf")
-    return float((num / den) ** 0.5)
 
 
 def decompose_matrix(
@@ -201,102 +189,10 @@ def decompose_matrix(
         codes=codes_out,
         scales=scales_out,
         method=method,
-        rel_error=_ratio(sq_err, sq_norm),
-        absmean_rel_error=_ratio(sq_err_absmean, sq_norm),
+        rel_error=ratio(sq_err, sq_norm),
+        absmean_rel_error=ratio(sq_err_absmean, sq_norm),
         sparsity=n_zero / max(rows * cols, 1),
         sq_error=sq_err,
         absmean_sq_error=sq_err_absmean,
         sq_norm=sq_norm,
-    )
-
-
-def _uses_kernel(
-    w: torch.Tensor,
-    method: str,
-    importance: torch.Tensor | None,
-    irls_iters: int,
-    device: torch.device | str | None,
-) -> bool:
-    """The compiled kernel serves the default recipe on the CPU: optimal fit, uniform importance, no IRLS."""
-    from pipeline.ternary import kernel
-
-    on_cpu = w.device.type == "cpu" and (device is None or torch.device(device).type == "cpu")
-    return method == "optimal" and importance is None and irls_iters == 0 and on_cpu and kernel.is_available()
-
-
-def decompose_packed(
-    w: torch.Tensor,
-    ggml_type: str,
-    method: str = "optimal",
-    importance: torch.Tensor | None = None,
-    irls_iters: int = 0,
-    device: torch.device | str | None = None,
-    out: npt.NDArray[np.uint8] | None = None,
-    levels: int = 3,
-) -> PackedMatrix:
-    """`decompose_matrix` then `pack.pack_ternary` into ``ggml_type`` (TQ2_0 or TQ1_0) bytes.
-
-    Q2_0 and Q1_0 (llama.cpp's Bonsai layouts) go to `decompose_bonsai.decompose_bonsai_packed`,
-    which takes ``levels`` (3 or 4, Q2_0) and no IRLS (its optimal fit is exact).
-
-    On the CPU the default recipe runs as one compiled pass per block (`kernel.fit_pack`,
-    bfloat16 weights read as stored); anything else (importance, IRLS, absmean/absmax, CUDA)
-    goes through the torch fit. Both give the same bytes and statistics. ``out``: optional
-    uint8 buffer reused across calls, so a stream of tensors allocates nothing for its bytes.
-    Raises ValueError like `decompose_matrix`, and for a type that is not ternary.
-    """
-    from pipeline.ternary import kernel
-    from pipeline.ternary.pack import BONSAI_TYPES, pack_ternary
-
-    if ggml_type in BONSAI_TYPES:
-        from pipeline.ternary.decompose_bonsai import decompose_bonsai_packed
-
-        if irls_iters:
-            raise ValueError(f"irls_iters={irls_iters} does not apply to {ggml_type}: its fit is exact")
-        return decompose_bonsai_packed(w, ggml_type, method, levels, importance, device, out)
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
-    if w.dim() != 2:
-        raise ValueError(f"decompose_packed needs a 2-D weight, got shape {tuple(w.shape)}")
-    if w.shape[1] % 256:
-        raise ValueError(f"row length {w.shape[1]} is not a multiple of the block size 256")
-    n_params = w.numel()
-    if _uses_kernel(w, method, importance, irls_iters, device):
-        w = w.detach().contiguous()
-        if w.dtype == torch.bfloat16:  # the kernel widens bfloat16 as it loads: no float32 copy
-            blocks = w.view(torch.int16).numpy().view(np.uint16).reshape(-1, 256)
-        else:
-            blocks = w.to(torch.float32).numpy().reshape(-1, 256)
-        raw, stats = kernel.fit_pack(blocks, ggml_type, out)
-        n_zero = n_params - stats.n_nonzero
-        return PackedMatrix(
-            raw=raw,
-            ggml_type=ggml_type,
-            method=method,
-            backend="kernel",
-            rel_error=_ratio(stats.sq_error, stats.sq_norm),
-            absmean_rel_error=_ratio(stats.absmean_sq_error, stats.sq_norm),
-            sparsity=n_zero / max(n_params, 1),
-            sq_error=stats.sq_error,
-            absmean_sq_error=stats.absmean_sq_error,
-            sq_norm=stats.sq_norm,
-            n_zero=n_zero,
-        )
-    result = decompose_matrix(w, method, importance=importance, irls_iters=irls_iters, device=device)
-    packed = pack_ternary(ggml_type, result.codes, result.scales)
-    if out is not None and out.size >= packed.size:
-        out[: packed.size] = packed
-        packed = out[: packed.size]
-    return PackedMatrix(
-        raw=packed,
-        ggml_type=ggml_type,
-        method=method,
-        backend="torch",
-        rel_error=result.rel_error,
-        absmean_rel_error=result.absmean_rel_error,
-        sparsity=result.sparsity,
-        sq_error=result.sq_error,
-        absmean_sq_error=result.absmean_sq_error,
-        sq_norm=result.sq_norm,
-        n_zero=int((result.codes == 0).sum()),
     )

@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from pipeline.ternary.codecs.base import ratio
 from pipeline.ternary.fit import fit_absmean
 from pipeline.ternary.gptq import LAYOUTS, dequantize, gptq_fit
 from pipeline.ternary.packed import PackedMatrix
@@ -36,18 +37,12 @@ def layout_name(ggml_type: str, levels: int = 3) -> str:
 
 
 def _baseline_sq_error(w: torch.Tensor, ggml_type: str, block_size: int) -> float:
-    from pipeline.ternary import fit_bonsai
+    from pipeline.ternary import fit_q
 
     blocks = w.reshape(-1, block_size)
-    codes, scales = fit_bonsai.fit_q1_0_absmean(blocks) if ggml_type == "Q1_0" else fit_absmean(blocks)
+    codes, scales = fit_q.fit_q1_0_absmean(blocks) if ggml_type == "Q1_0" else fit_absmean(blocks)
     approx = codes.to(torch.float64) * scales.to(torch.float64)[:, None]
     return float(((blocks.double() - approx) ** 2).sum())
-
-
-def _ratio(num: float, den: float) -> float:
-    if den == 0.0:
-        return 0.0 if num == 0.0 else float("inf")
-    return float((num / den) ** 0.5)
 
 
 def decompose_gptq_packed(
@@ -63,7 +58,7 @@ def decompose_gptq_packed(
     ``device``: where the fit runs (default: ``w``'s). ``out``: optional reused uint8 buffer.
     Raises ValueError for a type without this fit or shapes that do not fit its blocks.
     """
-    from pipeline.ternary.pack import pack_ternary
+    from pipeline.ternary.codecs import codec_for
 
     layout = LAYOUTS[layout_name(ggml_type, levels)]
     if w.dim() != 2:
@@ -74,7 +69,7 @@ def decompose_gptq_packed(
         raise ValueError("the weight holds non-finite values")
     fit = gptq_fit(weight, gram.to(dev), layout)
     codes, scales = fit.codes.cpu(), fit.scales.cpu()
-    raw = pack_ternary(ggml_type, codes, scales.reshape(-1))
+    raw = codec_for(ggml_type).pack(codes, scales.reshape(-1))
     exact = weight.cpu().double()
     approx = dequantize(codes, scales, layout.block_size).double()
     sq_error = float(((exact - approx) ** 2).sum())
@@ -86,7 +81,7 @@ def decompose_gptq_packed(
     n_zero = int((codes == 0).sum())
     return PackedMatrix(
         raw=raw, ggml_type=ggml_type, method="gptq", backend=f"torch ({dev.type})",
-        rel_error=_ratio(sq_error, sq_norm), absmean_rel_error=_ratio(absmean_sq, sq_norm),
+        rel_error=ratio(sq_error, sq_norm), absmean_rel_error=ratio(absmean_sq, sq_norm),
         sparsity=n_zero / max(w.numel(), 1), sq_error=sq_error, absmean_sq_error=absmean_sq,
         sq_norm=sq_norm, n_zero=n_zero,
     )

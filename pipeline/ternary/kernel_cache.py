@@ -1,6 +1,6 @@
 """Whether the compiled kernel for a ternary type still has to be compiled on this machine.
 
-numba keeps the machine code of `kernel` and `kernel_bonsai` on disk (next to their sources);
+numba keeps the machine code of each codec's kernel on disk (next to its sources);
 the first decomposition on a machine compiles it once (tens of seconds for a model of any
 size), later ones load it. `bonsai convert` asks `is_cold` first, to say so instead of
 looking stuck. `load_cached` loads what the cache holds ahead of the stage, compiling nothing.
@@ -10,24 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.ternary.codecs import CODECS
 from pipeline.ternary.kernel import is_available
 
 __all__ = ["is_cold", "load_cached", "COMPILE_ESTIMATE_S"]
 
-# Measured on two cores: the TQ kernel ~15 s, the Q2_0/Q1_0 kernel (more variants) ~30 s.
-COMPILE_ESTIMATE_S = {"TQ2_0": 15, "TQ1_0": 15, "Q2_0": 30, "Q1_0": 30}
+# Seconds the first compile of each type's kernel takes here (measured on two cores).
+COMPILE_ESTIMATE_S = {name: codec.compile_estimate_s for name, codec in CODECS.items()}
 
 
 def _dispatcher(ggml_type: str) -> Any:
-    if ggml_type in ("TQ2_0", "TQ1_0"):
-        from pipeline.ternary import _kernel_tq_impl
-
-        return _kernel_tq_impl.fit_pack_all
-    if ggml_type in ("Q2_0", "Q1_0"):
-        from pipeline.ternary import _kernel_q_impl
-
-        return _kernel_q_impl.fit_pack_all
-    return None
+    codec = CODECS.get(ggml_type)
+    return None if codec is None else codec.kernel_entry()
 
 
 def is_cold(ggml_type: str) -> bool:

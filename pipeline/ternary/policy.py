@@ -26,9 +26,10 @@ from typing import Any
 from pipeline.core.errors import InputError
 from pipeline.core.option_fields import option
 from pipeline.formats.gguf.types import block_geometry
+from pipeline.ternary.codecs import CODECS, codec_for
 
 __all__ = [
-    "Recipe", "TensorDecision", "RECIPES", "LINEAR_KINDS", "METHODS", "BONSAI_METHODS", "HIGH_PRECISION",
+    "Recipe", "TensorDecision", "RECIPES", "LINEAR_KINDS", "METHODS", "HIGH_PRECISION",
     "FALLBACK_TYPES", "AUTO", "get_recipe", "decide", "importance_for", "reads_statistics",
 ]
 
@@ -37,13 +38,9 @@ LINEAR_KINDS: tuple[str, ...] = (
     "attn_q", "attn_k", "attn_v", "attn_output", "attn_qkv", "ffn_gate", "ffn_up", "ffn_down",
 )
 _LINEAR = re.compile(r"^blk\.(\d+)\.(" + "|".join(LINEAR_KINDS) + r")\.weight$")
-METHODS = ("optimal", "absmean", "absmax", "gptq")
 GPTQ = "gptq"  # the error-compensating fit: needs the calibrate stage's Gram matrices
-# The fits each Bonsai layout has (Q1_0 is binary: no threshold to choose, so no absmax).
-BONSAI_METHODS: dict[str, tuple[str, ...]] = {
-    "Q2_0": ("optimal", "absmean", "absmax"),
-    "Q1_0": ("optimal", "absmean"),
-}
+# Every codec's per-block fits, then gptq (each type's own fits: `codecs`, e.g. Q1_0 has no absmax).
+METHODS = (*dict.fromkeys(method for codec in CODECS.values() for method in codec.methods), GPTQ)
 HIGH_PRECISION = ("F16", "BF16", "F32", "Q8_0")
 FALLBACK_TYPES = ("F16", "BF16", "F32")
 _TARGET_BPW_RANGE = (1.5, 8.5)  # all ternary Q2_0 .. all Q8_0
@@ -141,7 +138,7 @@ def get_recipe(name: str, options: Mapping[str, Any] | None = None) -> Recipe:
         if key == "irls_iters":
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 100:
                 raise InputError(f"recipe option irls_iters={value!r}; expected an integer from 0 to 100")
-            if value and recipe.ternary_type in BONSAI_METHODS:
+            if value and not codec_for(recipe.ternary_type).irls:
                 raise InputError(f"recipe option irls_iters={value!r} does not apply to recipe {name!r}: "
                                  "its optimal fit is already exact; leave irls_iters at 0")
         elif key == "levels":
@@ -165,8 +162,8 @@ def get_recipe(name: str, options: Mapping[str, Any] | None = None) -> Recipe:
         elif key == "method" and name == AUTO and value != "optimal":
             raise InputError(f"recipe option method={value!r} for recipe auto; its rungs are fitted with the "
                              "exact optimum (method=optimal): remove the option")
-        elif key == "method" and recipe.ternary_type in BONSAI_METHODS:
-            allowed = (*BONSAI_METHODS[recipe.ternary_type], GPTQ)
+        elif key == "method":
+            allowed = (*codec_for(recipe.ternary_type).methods, GPTQ)
             if value not in allowed:
                 raise InputError(f"recipe option method={value!r} for recipe {name!r}; expected one of "
                                  f"{', '.join(allowed)}")

@@ -2,7 +2,7 @@
 
 All three decode an element as ``(c - 1) * d`` (code ``c`` in 0..3; TQ1_0 only has 0..2) with
 one fp16 ``d`` per block; they differ in block length (256 for TQ, 64 for Q2_0) and in where
-the codes sit (`pack`, `pack_bonsai`). So:
+the codes sit (their `codecs`). So:
 
 - TQ2_0 or TQ1_0 -> Q2_0 is always lossless: every 256-block becomes four 64-blocks, each
   carrying the 256-block's fp16 ``d`` bytes unchanged and the same codes.
@@ -26,18 +26,14 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.formats.gguf.types import BONSAI_TYPES
+from pipeline.ternary.codecs import CODECS
 
 __all__ = ["NotLossless", "tq_to_q2_0", "q2_0_to_tq2_0", "q2_0_lossless_runs"]
 
 _QK_K = 256
-_TQ_BYTES = {"TQ2_0": 66, "TQ1_0": 54}
-_Q2_BYTES = BONSAI_TYPES["Q2_0"].type_size
-_Q2_BLOCK = BONSAI_TYPES["Q2_0"].block_size
-_PER_RUN = _QK_K // _Q2_BLOCK
-_SHIFTS = np.array([0, 2, 4, 6], dtype=np.uint8)
-_READ5 = np.array([1, 3, 9, 27, 81], dtype=np.uint8)
-_READ4 = np.array([1, 3, 9, 27], dtype=np.uint8)
+_TQ_TYPES = ("TQ2_0", "TQ1_0")
+_Q2 = CODECS["Q2_0"]
+_PER_RUN = _QK_K // _Q2.block_size
 
 U8Array = npt.NDArray[np.uint8]
 
@@ -54,42 +50,6 @@ class NotLossless(ValueError):
         self.n_runs, self.n_lossy, self.first_lossy = n_runs, n_lossy, first_lossy
 
 
-def _as_blocks(raw: npt.ArrayLike, block_bytes: int, name: str) -> U8Array:
-    data = np.asarray(raw, dtype=np.uint8).reshape(-1)
-    if data.size % block_bytes:
-        raise ValueError(f"{data.size} bytes are not whole {name} blocks of {block_bytes} bytes")
-    return data.reshape(-1, block_bytes)
-
-
-def _tq2_codes(blocks: U8Array) -> U8Array:
-    """TQ2_0 codes [n, 256]: element n at byte 32 (n // 128) + n % 32, plane (n % 128) // 32."""
-    planes = blocks[:, :64].reshape(-1, 2, 1, 32) >> _SHIFTS.reshape(1, 1, 4, 1)
-    return (planes & 3).astype(np.uint8).reshape(-1, _QK_K)
-
-
-def _trits(b: U8Array, powers: U8Array) -> U8Array:
-    """llama.cpp's TQ1_0 read: trit i of byte q is ((q * 3^i mod 256) * 3) >> 8, most significant first."""
-    shifted = b[:, None, :] * powers.reshape(1, -1, 1)  # uint8 wrap-around is the mod 256
-    return ((shifted.astype(np.uint16) * 3) >> 8).astype(np.uint8)
-
-
-def _tq1_codes(blocks: U8Array) -> U8Array:
-    """Raw codes [n, 256] (0, 1, 2) of TQ1_0 blocks, in llama.cpp's element order."""
-    n = blocks.shape[0]
-    parts = [
-        _trits(blocks[:, :32], _READ5).reshape(n, 160),
-        _trits(blocks[:, 32:48], _READ5).reshape(n, 80),
-        _trits(blocks[:, 48:52], _READ4).reshape(n, 16),
-    ]
-    return np.concatenate(parts, axis=1)
-
-
-def _q2_pack_codes(codes: U8Array, d_bytes: U8Array) -> U8Array:
-    """Q2_0 blocks from raw codes [n, 64] (0..3) and fp16 bytes [n, 2]."""
-    qs = np.bitwise_or.reduce(codes.reshape(-1, _Q2_BLOCK // 4, 4) << _SHIFTS, axis=2)
-    return np.concatenate([d_bytes, qs], axis=1).reshape(-1)
-
-
 def tq_to_q2_0(raw: npt.ArrayLike, source_type: str) -> U8Array:
     """TQ2_0 or TQ1_0 bytes (``[n_blocks * 66]`` / ``[n_blocks * 54]``) as Q2_0 bytes ``[n_blocks * 4 * 18]``.
 
@@ -97,21 +57,21 @@ def tq_to_q2_0(raw: npt.ArrayLike, source_type: str) -> U8Array:
     ``d`` bytes copied into its four 64-blocks. Raises ValueError for another type or a byte
     count that is not whole blocks.
     """
-    if source_type not in _TQ_BYTES:
+    if source_type not in _TQ_TYPES:
         raise ValueError(f"{source_type!r} cannot be re-packed as Q2_0 here; expected TQ2_0 or TQ1_0")
-    blocks = _as_blocks(raw, _TQ_BYTES[source_type], source_type)
-    codes = _tq2_codes(blocks) if source_type == "TQ2_0" else _tq1_codes(blocks)
-    d_bytes = np.repeat(blocks[:, -2:], _PER_RUN, axis=0)
-    return _q2_pack_codes(codes.reshape(-1, _Q2_BLOCK), d_bytes)
+    source = CODECS[source_type]
+    blocks = source.blocks(raw)
+    d_bytes = np.repeat(source.scale_bytes(blocks), _PER_RUN, axis=0)
+    return _Q2.assemble(source.raw_codes(blocks).reshape(-1, _Q2.block_size), d_bytes)
 
 
 def _q2_parts(raw: npt.ArrayLike) -> tuple[U8Array, U8Array, npt.NDArray[np.float16]]:
     """(raw codes [runs, 256], d bytes [runs, 4, 2], d [runs, 4]) of Q2_0 bytes grouped in 256-runs."""
-    blocks = _as_blocks(raw, _Q2_BYTES, "Q2_0")
+    blocks = _Q2.blocks(raw)
     if blocks.shape[0] % _PER_RUN:
         raise ValueError(f"{blocks.shape[0]} Q2_0 blocks are not whole 256-weight runs of {_PER_RUN}")
-    codes = ((blocks[:, 2:, None] >> _SHIFTS) & 3).astype(np.uint8).reshape(-1, _QK_K)
-    d_bytes = blocks[:, :2].reshape(-1, _PER_RUN, 2)
+    codes = _Q2.raw_codes(blocks).reshape(-1, _QK_K)
+    d_bytes = _Q2.scale_bytes(blocks).reshape(-1, _PER_RUN, 2)
     d: npt.NDArray[np.float16] = d_bytes.copy().view("<f2").reshape(-1, _PER_RUN)
     return codes, d_bytes, d
 
@@ -135,7 +95,7 @@ def q2_0_lossless_runs(raw: npt.ArrayLike) -> npt.NDArray[np.bool_]:
 def _lossless(
     codes: U8Array, d: npt.NDArray[np.float16]
 ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.intp]]:
-    per_block = codes.reshape(-1, _PER_RUN, _Q2_BLOCK)
+    per_block = codes.reshape(-1, _PER_RUN, _Q2.block_size)
     has_level = (per_block != 1).any(axis=2)
     source = np.where(has_level.any(axis=1), has_level.argmax(axis=1), 0)
     d32 = d.astype(np.float32)
@@ -157,7 +117,5 @@ def q2_0_to_tq2_0(raw: npt.ArrayLike) -> U8Array:
     if not ok.all():
         bad = np.flatnonzero(~ok)
         raise NotLossless(int(ok.size), int(bad.size), int(bad[0]))
-    planes = codes.reshape(-1, 2, 4, 32) << _SHIFTS.reshape(1, 1, 4, 1)
-    qs = np.bitwise_or.reduce(planes, axis=2).reshape(-1, 64)
     shared = np.take_along_axis(d_bytes, source[:, None, None], axis=1).reshape(-1, 2)
-    return np.concatenate([qs, shared], axis=1).reshape(-1)
+    return CODECS["TQ2_0"].assemble(codes, shared)

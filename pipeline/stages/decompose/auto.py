@@ -24,7 +24,7 @@ from pipeline.formats.decompose_report import AllocationSummary, CandidateSummar
 from pipeline.formats.model_card import ModelCard
 from pipeline.stages.decompose.calibration import CalibrationInputs
 from pipeline.ternary.allocate import Rung, allocate, ladder, rung_label
-from pipeline.ternary.decompose import decompose_packed
+from pipeline.ternary.codecs import decompose_packed
 from pipeline.ternary.pack import decode_bytes, encode_plain, tensor_nbytes
 from pipeline.ternary.policy import LINEAR_KINDS, Recipe, TensorDecision, decide
 

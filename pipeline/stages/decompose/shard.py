@@ -26,7 +26,7 @@ from pipeline.formats.parts import PartEntry, PartIndex
 from pipeline.formats.rawio import pread_exact
 from pipeline.stages.decompose.calibration import CalibrationInputs
 from pipeline.stages.decompose.repack import TERNARY_SOURCE_TYPES, repack
-from pipeline.ternary.decompose import decompose_packed
+from pipeline.ternary.codecs import decompose_packed
 from pipeline.ternary.exactness import decodes_exactly
 from pipeline.ternary.pack import PART_TYPES, bits_per_weight, decode_bytes, encode_plain, tensor_nbytes
 from pipeline.ternary.packed import PackedMatrix
@@ -316,11 +316,11 @@ def stream_options(source: Any) -> dict[str, Any]:
     of each tensor is made (a pass over memory saved, and half the peak memory)."""
     from pipeline.formats.hf import checkpoint
 
-    # A GGUF source may hold Bonsai types, whose maths gguf lacks: ours decodes them.
-    return {"as_stored": True} if source is checkpoint else {"decoder": _decode_bonsai}
+    # A GGUF source may hold Q2_0 / Q1_0, whose maths gguf lacks: their codecs decode them.
+    return {"as_stored": True} if source is checkpoint else {"decoder": _decode_low_bit}
 
 
-def _decode_bonsai(raw: npt.NDArray[np.uint8], type_name: str) -> npt.NDArray[np.float32]:
-    from pipeline.ternary.pack_bonsai import dequantize_q1_0, dequantize_q2_0
+def _decode_low_bit(raw: npt.NDArray[np.uint8], type_name: str) -> npt.NDArray[np.float32]:
+    from pipeline.ternary.codecs import codec_for
 
-    return dequantize_q2_0(raw) if type_name == "Q2_0" else dequantize_q1_0(raw)
+    return codec_for(type_name).dequantize(raw)

@@ -33,8 +33,8 @@ from pipeline.stages import decompose, package
 from pipeline.stages.base import InputFile, JobSpec
 from pipeline.stages.inspect import SUPPORTED_ARCHITECTURES
 from pipeline.stages.validate import file_checks
-from pipeline.ternary.fit_bonsai import fit_q1_0, fit_q1_0_absmean, fit_q2_0, fit_q2_0_absmax
-from pipeline.ternary.pack_bonsai import dequantize_q1_0, dequantize_q2_0, pack_q1_0, pack_q2_0
+from pipeline.ternary.codecs import codec_for
+from pipeline.ternary.fit_q import fit_q1_0, fit_q1_0_absmean, fit_q2_0, fit_q2_0_absmax
 from tests.support import ggml_ref
 from tests.support.reference_forward import reference_logits
 
@@ -104,9 +104,10 @@ def test_llama_cpp_quantizer_bytes_are_our_packing_of_its_rule(
             continue
         theirs = np.asarray(tensor.data).reshape(-1)
         w = torch.from_numpy(source[tensor.name].reshape(-1, BONSAI_TYPES[ggml_name].block_size).copy())
-        ours = pack_q2_0(*fit_q2_0_absmax(w)) if ggml_name == "Q2_0" else pack_q1_0(*fit_q1_0_absmean(w))
+        fitted = fit_q2_0_absmax(w) if ggml_name == "Q2_0" else fit_q1_0_absmean(w)
+        ours = codec_for(ggml_name).pack(*fitted)
         np.testing.assert_array_equal(ours, theirs, err_msg=tensor.name)
-        decoded = (dequantize_q2_0 if ggml_name == "Q2_0" else dequantize_q1_0)(theirs)
+        decoded = codec_for(ggml_name).dequantize(theirs)
         reference = ggml_ref.dequantize(theirs, BONSAI_TYPES[ggml_name].type_id, decoded.size)
         np.testing.assert_array_equal(decoded.view(np.uint32), reference.view(np.uint32), err_msg=tensor.name)
         checked.append(tensor.name)

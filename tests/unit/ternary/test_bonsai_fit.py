@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from pipeline.ternary.fit import block_sq_error, fit_optimal
-from pipeline.ternary.fit_bonsai import fit_q1_0, fit_q2_0, round_to_fp16
+from pipeline.ternary.fit_q import fit_q1_0, fit_q2_0, round_to_fp16
 
 _ALL_FP16 = np.arange(65536, dtype=np.uint16).view(np.float16)
 _FP16 = np.unique(_ALL_FP16[np.isfinite(_ALL_FP16)].astype(np.float64))  # 63,487 values, one zero
@@ -223,7 +223,7 @@ def test_bad_inputs() -> None:
 
 def test_the_device_independent_sum_order() -> None:
     """The column loop (the CUDA path's prefix sums) gives numpy's sequential sums bit for bit."""
-    from pipeline.ternary.fit_bonsai import _sequential_cumsum
+    from pipeline.ternary.fit_q import _sequential_cumsum
 
     t = torch.distributions.StudentT(1.2).sample((64, 64)).abs().double() * 1e3
     assert torch.equal(_sequential_cumsum(t, column_loop=True), _sequential_cumsum(t, column_loop=False))

@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.ternary import kernel, kernel_bonsai
-from pipeline.ternary.decompose import decompose_packed
+from pipeline.ternary import kernel
+from pipeline.ternary.codecs import codec_for, decompose_packed
 from pipeline.ternary.fit import block_sq_error, fit_absmean
-from pipeline.ternary.fit_bonsai import fit_q1_0, fit_q2_0
-from pipeline.ternary.pack_bonsai import pack_q1_0, pack_q2_0
+from pipeline.ternary.fit_q import fit_q1_0, fit_q2_0
 
 pytestmark = pytest.mark.skipif(not kernel.is_available(), reason="numba is not installed")
 
@@ -57,15 +56,15 @@ def _reference(blocks: torch.Tensor, ggml_type: str, levels: int, a: torch.Tenso
                ) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
     if ggml_type == "Q1_0":
         codes, scales = fit_q1_0(blocks, a)
-        return pack_q1_0(codes, scales), codes, scales
+        return codec_for("Q1_0").pack(codes, scales), codes, scales
     codes, scales = fit_q2_0(blocks, a, levels)
-    return pack_q2_0(codes, scales), codes, scales
+    return codec_for("Q2_0").pack(codes, scales), codes, scales
 
 
 @pytest.mark.parametrize(("ggml_type", "levels"), _CASES)
 @pytest.mark.parametrize("weighted", [False, True])
 def test_kernel_bytes_equal_the_torch_fit(ggml_type: str, levels: int, weighted: bool) -> None:
-    size = kernel_bonsai.BLOCK_SIZE[ggml_type]
+    size = codec_for(ggml_type).block_size
     gen = torch.Generator().manual_seed(11)
     n_per_row = 4
     n_cols = n_per_row * size
@@ -74,8 +73,8 @@ def test_kernel_bytes_equal_the_torch_fit(ggml_type: str, levels: int, weighted:
     for name, blocks in _blocks(0, size).items():
         blocks = blocks[: len(blocks) // n_per_row * n_per_row]
         a = importance.reshape(1, n_per_row, size).expand(len(blocks) // n_per_row, -1, -1).reshape(-1, size)
-        raw, stats = kernel_bonsai.fit_pack(blocks.numpy(), ggml_type, levels,
-                                            importance.numpy() if weighted else None)
+        raw, stats = codec_for(ggml_type).fit_pack(blocks.numpy(), levels,
+                                                   importance.numpy() if weighted else None)
         ref, codes, scales = _reference(blocks, ggml_type, levels, a if weighted else None)
         n_bad = int((raw.reshape(len(blocks), -1) != ref.reshape(len(blocks), -1)).any(axis=1).sum())
         assert n_bad == 0, f"{name}: {n_bad} of {len(blocks)} blocks differ from the torch fit"
@@ -87,16 +86,16 @@ def test_kernel_bytes_equal_the_torch_fit(ggml_type: str, levels: int, weighted:
 
 @pytest.mark.parametrize(("ggml_type", "levels"), _CASES)
 def test_bfloat16_as_stored_gives_the_same_bytes(ggml_type: str, levels: int) -> None:
-    size = kernel_bonsai.BLOCK_SIZE[ggml_type]
+    size = codec_for(ggml_type).block_size
     w = (torch.randn(300, size, generator=torch.Generator().manual_seed(3)) * 0.02).to(torch.bfloat16)
-    raw, _ = kernel_bonsai.fit_pack(w.view(torch.int16).numpy().view(np.uint16), ggml_type, levels)
+    raw, _ = codec_for(ggml_type).fit_pack(w.view(torch.int16).numpy().view(np.uint16), levels)
     ref, _, _ = _reference(w.float(), ggml_type, levels, None)
     np.testing.assert_array_equal(raw, ref)
 
 
 def test_absmean_baseline_matches_the_absmean_fit() -> None:
     blocks = _blocks(1, 64)["gaussian_f32"]
-    _, stats = kernel_bonsai.fit_pack(blocks.numpy(), "Q2_0")
+    _, stats = codec_for("Q2_0").fit_pack(blocks.numpy())
     direct = float(block_sq_error(blocks.double(), *(t.double() for t in fit_absmean(blocks))).sum())
     assert stats.absmean_sq_error == pytest.approx(direct, rel=1e-4)  # d: float64 vs float32 mean
     assert stats.sq_error < 0.8 * stats.absmean_sq_error  # the exact fit beats absmean clearly
@@ -110,7 +109,7 @@ def test_decompose_packed_uses_the_kernel_and_reports_its_errors(ggml_type: str,
     for importance in (None, imp):
         packed = decompose_packed(w, ggml_type, levels=levels, importance=importance)
         results.append(packed)
-        size = kernel_bonsai.BLOCK_SIZE[ggml_type]
+        size = codec_for(ggml_type).block_size
         a = None
         if importance is not None:
             a = importance.reshape(1, -1, size).expand(48, -1, -1).reshape(-1, size)
@@ -126,15 +125,15 @@ def test_decompose_packed_uses_the_kernel_and_reports_its_errors(ggml_type: str,
 
 def test_kernel_refuses_bad_input() -> None:
     with pytest.raises(ValueError, match="NaN"):
-        kernel_bonsai.fit_pack(np.full((2, 64), np.inf, np.float32), "Q2_0")
+        codec_for("Q2_0").fit_pack(np.full((2, 64), np.inf, np.float32))
     with pytest.raises(ValueError, match=r"\[n_blocks, 128\]"):
-        kernel_bonsai.fit_pack(np.zeros((2, 64), np.float32), "Q1_0")
+        codec_for("Q1_0").fit_pack(np.zeros((2, 64), np.float32))
     with pytest.raises(ValueError, match="levels"):
-        kernel_bonsai.fit_pack(np.zeros((2, 128), np.float32), "Q1_0", levels=4)
+        codec_for("Q1_0").fit_pack(np.zeros((2, 128), np.float32), levels=4)
     with pytest.raises(ValueError, match="tile rows"):
-        kernel_bonsai.fit_pack(np.zeros((3, 64), np.float32), "Q2_0", importance=np.ones(128, np.float32))
+        codec_for("Q2_0").fit_pack(np.zeros((3, 64), np.float32), importance=np.ones(128, np.float32))
     with pytest.raises(ValueError, match="non-negative"):
-        kernel_bonsai.fit_pack(np.zeros((2, 64), np.float32), "Q2_0", importance=-np.ones(64, np.float32))
+        codec_for("Q2_0").fit_pack(np.zeros((2, 64), np.float32), importance=-np.ones(64, np.float32))
     with pytest.raises(ValueError, match="irls_iters"):
         decompose_packed(torch.zeros(2, 64), "Q2_0", irls_iters=2)
     with pytest.raises(ValueError, match="multiple of the Q1_0 block size 128"):

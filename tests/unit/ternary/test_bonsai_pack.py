@@ -19,15 +19,9 @@ from pipeline.formats.gguf.types import (
     ggml_type,
     ggml_type_from_id,
 )
-from pipeline.ternary.fit_bonsai import fit_q1_0_absmean, fit_q2_0, fit_q2_0_absmax
-from pipeline.ternary.pack import bits_per_weight, decode_bytes, pack_ternary, tensor_nbytes, unpack_ternary
-from pipeline.ternary.pack_bonsai import (
-    dequantize_q1_0,
-    dequantize_q2_0,
-    pack_q1_0,
-    pack_q2_0,
-    unpack_q2_0,
-)
+from pipeline.ternary.codecs import codec_for
+from pipeline.ternary.fit_q import fit_q1_0_absmean, fit_q2_0, fit_q2_0_absmax
+from pipeline.ternary.pack import bits_per_weight, decode_bytes, tensor_nbytes
 from tests.support import ggml_ref
 
 needs_ggml = pytest.mark.skipif(not ggml_ref.available(), reason="llama-cpp-python's libggml-base is missing")
@@ -60,12 +54,12 @@ def test_type_table_agrees_with_gguf_and_llama_cpp() -> None:
 
 
 def test_golden_bytes() -> None:
-    q2 = pack_q2_0((np.arange(64) % 4 - 1).astype(np.int8)[None], np.array([0.5], np.float32))
+    q2 = codec_for("Q2_0").pack((np.arange(64) % 4 - 1).astype(np.int8)[None], np.array([0.5], np.float32))
     assert q2.tobytes().hex() == _Q2_GOLDEN
     signs = np.where(np.arange(128) % 3 == 0, 1, -1).astype(np.int8)[None]
-    q1 = pack_q1_0(signs, np.array([0.5], np.float32))
+    q1 = codec_for("Q1_0").pack(signs, np.array([0.5], np.float32))
     assert q1.tobytes().hex() == _Q1_GOLDEN
-    zeros = pack_ternary("Q2_0", np.zeros((1, 64), np.int8), np.array([-2.0]))
+    zeros = codec_for("Q2_0").pack(np.zeros((1, 64), np.int8), np.array([-2.0]))
     assert zeros.tobytes().hex() == "00c0" + "55" * 16  # level 0 is code 1; d = -2 is fp16 0xC000
 
 
@@ -73,28 +67,28 @@ def test_round_trip_any_levels_and_signed_scales() -> None:
     gen = np.random.default_rng(0)
     codes = gen.integers(-1, 3, size=(50, 64)).astype(np.int8)
     scales = (gen.standard_normal(50) * 3).astype(np.float16).astype(np.float32)
-    back, back_scales = unpack_q2_0(pack_q2_0(codes, scales))
+    back, back_scales = codec_for("Q2_0").unpack(codec_for("Q2_0").pack(codes, scales))
     np.testing.assert_array_equal(back, codes)
     np.testing.assert_array_equal(back_scales, scales)
     signs = np.where(gen.random((20, 128)) < 0.5, -1, 1).astype(np.int8)
-    back1, scales1 = unpack_ternary("Q1_0", pack_ternary("Q1_0", signs, scales[:20]))
+    back1, scales1 = codec_for("Q1_0").unpack(codec_for("Q1_0").pack(signs, scales[:20]))
     np.testing.assert_array_equal(back1, signs)
     np.testing.assert_array_equal(scales1, scales[:20])
-    values = decode_bytes(pack_q2_0(codes, scales), "Q2_0", (25, 128))
+    values = decode_bytes(codec_for("Q2_0").pack(codes, scales), "Q2_0", (25, 128))
     np.testing.assert_array_equal(values, (codes * scales[:, None]).reshape(25, 128))
 
 
 def test_bad_inputs_are_refused() -> None:
     with pytest.raises(ValueError, match=r"\{-1, 0, 1, 2\}"):
-        pack_q2_0(np.full((1, 64), 3, np.int8), np.ones(1))
+        codec_for("Q2_0").pack(np.full((1, 64), 3, np.int8), np.ones(1))
     with pytest.raises(ValueError, match="-1 or \\+1"):
-        pack_q1_0(np.zeros((1, 128), np.int8), np.ones(1))
+        codec_for("Q1_0").pack(np.zeros((1, 128), np.int8), np.ones(1))
     with pytest.raises(ValueError, match="fp16"):
-        pack_q2_0(np.zeros((1, 64), np.int8), np.array([1e6]))
+        codec_for("Q2_0").pack(np.zeros((1, 64), np.int8), np.array([1e6]))
     with pytest.raises(ValueError, match="2 blocks of codes but 1 scales"):
-        pack_q1_0(np.ones((2, 128), np.int8), np.ones(1))
+        codec_for("Q1_0").pack(np.ones((2, 128), np.int8), np.ones(1))
     with pytest.raises(ValueError, match="not whole Q2_0 blocks"):
-        unpack_q2_0(np.zeros(19, np.uint8))
+        codec_for("Q2_0").unpack(np.zeros(19, np.uint8))
 
 
 @needs_ggml
@@ -111,7 +105,7 @@ def test_our_decode_is_llama_cpp_dequantize(ggml_name: str) -> None:
     raw[:, :2] = scales.astype("<f2").view(np.uint8).reshape(-1, 2)
     block = BONSAI_TYPES[ggml_name].block_size
     theirs = ggml_ref.dequantize(raw.reshape(-1), type_id, n_blocks * block)
-    ours = (dequantize_q2_0 if ggml_name == "Q2_0" else dequantize_q1_0)(raw)
+    ours = codec_for(ggml_name).dequantize(raw)
     np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32))
 
 
@@ -125,8 +119,8 @@ def test_llama_cpp_reference_rules_give_llama_cpp_bytes() -> None:
     w[2, :128] = -0.0  # negative zero: llama.cpp's x >= 0 gives bit 1
     w[3] = (torch.randn(256, generator=gen) * 1e-6).to(torch.bfloat16).float()  # subnormal fp16 scales
     for type_id, ours in (
-        (42, pack_q2_0(*fit_q2_0_absmax(w.reshape(-1, 64)))),
-        (41, pack_q1_0(*fit_q1_0_absmean(w.reshape(-1, 128)))),
+        (42, codec_for("Q2_0").pack(*fit_q2_0_absmax(w.reshape(-1, 64)))),
+        (41, codec_for("Q1_0").pack(*fit_q1_0_absmean(w.reshape(-1, 128)))),
     ):
         np.testing.assert_array_equal(ours, ggml_ref.quantize_ref(w.numpy(), type_id))
 
@@ -136,6 +130,6 @@ def test_optimal_fit_decodes_in_llama_cpp_as_fitted() -> None:
     w = torch.randn(64, 128, generator=torch.Generator().manual_seed(3))
     for levels in (3, 4):
         codes, scales = fit_q2_0(w.reshape(-1, 64), levels=levels)
-        theirs = ggml_ref.dequantize(pack_q2_0(codes, scales), 42, w.numel())
+        theirs = ggml_ref.dequantize(codec_for("Q2_0").pack(codes, scales), 42, w.numel())
         np.testing.assert_array_equal(theirs, (codes.float() * scales[:, None]).reshape(-1).numpy())
         assert levels == 3 or int((codes == 2).sum()) > 0  # level +2 really used (code 3)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.ternary.decompose import decompose_packed
+from pipeline.ternary.codecs import decompose_packed
 from pipeline.ternary.exactness import decodes_exactly
 from pipeline.ternary.pack import decode_bytes
 

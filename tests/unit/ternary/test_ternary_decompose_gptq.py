@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.ternary.decompose import decompose_packed
+from pipeline.ternary.codecs import decompose_packed
 from pipeline.ternary.decompose_gptq import decompose_gptq_packed
 from pipeline.ternary.gptq import output_sq_error
 from pipeline.ternary.pack import decode_bytes

@@ -7,6 +7,7 @@ import itertools
 import pytest
 import torch
 
+from pipeline.ternary.codecs import codec_for
 from pipeline.ternary.decompose import decompose_matrix
 from pipeline.ternary.fit import (
     block_sq_error,
@@ -75,12 +76,10 @@ def test_absmax_matches_gguf_reference_quantizer() -> None:
     import numpy as np
     from gguf import GGMLQuantizationType, quants
 
-    from pipeline.ternary.pack import pack_tq2_0
-
     w = torch.randn(32, 256, generator=torch.Generator().manual_seed(3))
     codes, scales = fit_absmax(w)
     ref = quants.quantize(w.numpy(), GGMLQuantizationType.TQ2_0).reshape(-1)
-    assert np.array_equal(pack_tq2_0(codes, scales), ref)
+    assert np.array_equal(codec_for("TQ2_0").pack(codes, scales), ref)
 
 
 @pytest.mark.parametrize("start", [fit_absmean, fit_absmax, fit_optimal])

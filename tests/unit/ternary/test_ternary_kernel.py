@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from pipeline.ternary import kernel
-from pipeline.ternary.decompose import decompose_matrix, decompose_packed
+from pipeline.ternary.codecs import codec_for, decompose_packed
+from pipeline.ternary.decompose import decompose_matrix
 from pipeline.ternary.fit import block_sq_error, fit_absmean, fit_optimal
-from pipeline.ternary.pack import pack_ternary
 
 pytestmark = pytest.mark.skipif(not kernel.is_available(), reason="numba is not installed")
 
@@ -56,13 +56,13 @@ def _blocks(seed: int) -> dict[str, torch.Tensor]:
 def _reference(blocks: torch.Tensor, ggml_type: str) -> tuple[np.ndarray, float]:
     codes, scales = fit_optimal(blocks)
     error = float(block_sq_error(blocks.double(), codes, scales.double()).sum())
-    return pack_ternary(ggml_type, codes, scales), error
+    return codec_for(ggml_type).pack(codes, scales), error
 
 
 @pytest.mark.parametrize("ggml_type", _TYPES)
 def test_kernel_bytes_equal_reference(ggml_type: str) -> None:
     for name, blocks in _blocks(0).items():
-        raw, stats = kernel.fit_pack(blocks.numpy(), ggml_type)
+        raw, stats = codec_for(ggml_type).fit_pack(blocks.numpy())
         ref, ref_error = _reference(blocks, ggml_type)
         n_bad = int((raw.reshape(len(blocks), -1) != ref.reshape(len(blocks), -1)).any(axis=1).sum())
         assert n_bad == 0, f"{name}: {n_bad} of {len(blocks)} blocks differ from the reference"
@@ -74,7 +74,7 @@ def test_kernel_bytes_equal_reference(ggml_type: str) -> None:
 
 def test_kernel_absmean_error_matches_the_absmean_fit() -> None:
     blocks = _blocks(1)["gaussian_f32"]
-    _, stats = kernel.fit_pack(blocks.numpy(), "TQ2_0")
+    _, stats = codec_for("TQ2_0").fit_pack(blocks.numpy())
     direct = float(block_sq_error(blocks.double(), *(t.double() for t in fit_absmean(blocks))).sum())
     assert stats.absmean_sq_error == pytest.approx(direct, rel=1e-4)  # d: float64 vs float32 mean
 
@@ -84,7 +84,7 @@ def test_exact_ternary_reports_exactly_zero_error() -> None:
     d = torch.tensor([0.5, 0.015625, 3.0, 2.0**-20])[:, None]  # fp16-exact scales
     w = torch.randint(-1, 2, (4, 256), generator=gen).float() * d
     w[:, 0] = d[:, 0]
-    _, stats = kernel.fit_pack(w.numpy(), "TQ2_0")
+    _, stats = codec_for("TQ2_0").fit_pack(w.numpy())
     assert stats.sq_error == 0.0 and stats.sq_norm > 0
 
 
@@ -92,26 +92,26 @@ def test_exact_ternary_reports_exactly_zero_error() -> None:
 def test_bfloat16_read_as_stored_gives_the_same_bytes(ggml_type: str) -> None:
     w = (torch.randn(300, 256, generator=torch.Generator().manual_seed(3)) * 0.02).to(torch.bfloat16)
     w[0] = 0.0
-    as_float, stats_f = kernel.fit_pack(w.float().numpy(), ggml_type)
-    as_bf16, stats_b = kernel.fit_pack(w.view(torch.int16).numpy().view(np.uint16), ggml_type)
+    as_float, stats_f = codec_for(ggml_type).fit_pack(w.float().numpy())
+    as_bf16, stats_b = codec_for(ggml_type).fit_pack(w.view(torch.int16).numpy().view(np.uint16))
     assert np.array_equal(as_float, as_bf16) and stats_f == stats_b
 
 
 def test_out_buffer_is_reused_and_refusals() -> None:
     w = torch.randn(4, 256).numpy()
     out = np.zeros(10 * 66, np.uint8)
-    raw, _ = kernel.fit_pack(w, "TQ2_0", out)
+    raw, _ = codec_for("TQ2_0").fit_pack(w, out=out)
     assert raw.base is out and raw.size == 4 * 66 and not out[4 * 66 :].any()
     with pytest.raises(ValueError, match="at least 264 bytes"):
-        kernel.fit_pack(w, "TQ2_0", np.zeros(100, np.uint8))
+        codec_for("TQ2_0").fit_pack(w, out=np.zeros(100, np.uint8))
     with pytest.raises(ValueError, match="not a ternary type"):
-        kernel.fit_pack(w, "Q8_0")
+        codec_for("Q8_0").fit_pack(w)
     with pytest.raises(ValueError, match="float32 or bfloat16"):
-        kernel.fit_pack(w.reshape(8, 128), "TQ2_0")
+        codec_for("TQ2_0").fit_pack(w.reshape(8, 128))
     bad = w.copy()
     bad[2, 9] = np.inf
     with pytest.raises(ValueError, match="NaN or infinite values"):
-        kernel.fit_pack(bad, "TQ2_0")
+        codec_for("TQ2_0").fit_pack(bad)
 
 
 def test_decompose_packed_kernel_and_torch_paths_agree() -> None:
@@ -123,7 +123,7 @@ def test_decompose_packed_kernel_and_torch_paths_agree() -> None:
     assert fast.n_zero == slow.n_zero and fast.sparsity == slow.sparsity
     assert fast.rel_error == pytest.approx(slow.rel_error, rel=1e-6)
     assert fast.absmean_rel_error == pytest.approx(decompose_matrix(w).absmean_rel_error, rel=1e-5)
-    with pytest.raises(ValueError, match="multiple of the block size"):
+    with pytest.raises(ValueError, match="multiple of the TQ2_0 block size 256"):
         decompose_packed(torch.zeros(2, 300), "TQ2_0")
 
 

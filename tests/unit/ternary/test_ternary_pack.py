@@ -7,14 +7,13 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
+from pipeline.ternary.codecs import codec_for
 from pipeline.ternary.fit import fit_absmax, fit_optimal
 from pipeline.ternary.pack import (
     bits_per_weight,
     decode_bytes,
     encode_plain,
-    pack_ternary,
     tensor_nbytes,
-    unpack_ternary,
 )
 
 # Element i has code (i % 3) - 1 and the block scale is 0.5 (fp16 0x3800).
@@ -39,7 +38,7 @@ def _fixture_codes(seed: int, n_blocks: int) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.mark.parametrize("ggml_type", ["TQ2_0", "TQ1_0"])
 def test_golden_bytes(ggml_type: str) -> None:
-    raw = pack_ternary(ggml_type, _GOLDEN_CODES, np.array([0.5], np.float32))
+    raw = codec_for(ggml_type).pack(_GOLDEN_CODES, np.array([0.5], np.float32))
     assert raw.tobytes().hex() == _GOLDEN[ggml_type]
     assert raw.size == tensor_nbytes(ggml_type, (1, 256))
 
@@ -47,12 +46,12 @@ def test_golden_bytes(ggml_type: str) -> None:
 @pytest.mark.parametrize("ggml_type", ["TQ2_0", "TQ1_0"])
 def test_round_trip_through_gguf_dequantize(ggml_type: str) -> None:
     codes, scales = _fixture_codes(1, 40)
-    raw = pack_ternary(ggml_type, codes, scales)
+    raw = codec_for(ggml_type).pack(codes, scales)
     qtype = GGMLQuantizationType[ggml_type]
     assert raw.size == 40 * (66 if ggml_type == "TQ2_0" else 54)
     values = quants.dequantize(raw.reshape(4, -1), qtype).reshape(40, 256)
     np.testing.assert_array_equal(values, codes.astype(np.float32) * scales[:, None])
-    codes2, scales2 = unpack_ternary(ggml_type, raw)
+    codes2, scales2 = codec_for(ggml_type).unpack(raw)
     np.testing.assert_array_equal(codes2, codes)
     np.testing.assert_array_equal(scales2, scales)
 
@@ -62,24 +61,24 @@ def test_absmax_fit_matches_gguf_quantize_bytes(ggml_type: str) -> None:
     w = torch.randn(16, 512, generator=torch.Generator().manual_seed(2))
     codes, scales = fit_absmax(w.reshape(-1, 256))
     ref = quants.quantize(w.numpy(), GGMLQuantizationType[ggml_type]).reshape(-1)
-    np.testing.assert_array_equal(pack_ternary(ggml_type, codes, scales), ref)
+    np.testing.assert_array_equal(codec_for(ggml_type).pack(codes, scales), ref)
 
 
 def test_optimal_codes_survive_packing() -> None:
     w = torch.randn(8, 256, generator=torch.Generator().manual_seed(3))
     codes, scales = fit_optimal(w)
     for ggml_type in ("TQ2_0", "TQ1_0"):
-        values = decode_bytes(pack_ternary(ggml_type, codes, scales), ggml_type, (8, 256))
+        values = decode_bytes(codec_for(ggml_type).pack(codes, scales), ggml_type, (8, 256))
         np.testing.assert_array_equal(values, (codes.float() * scales[:, None]).numpy())
 
 
 def test_bad_inputs_are_refused() -> None:
     with pytest.raises(ValueError, match="-1, 0"):
-        pack_ternary("TQ2_0", np.full((1, 256), 2, np.int8), np.ones(1, np.float32))
+        codec_for("TQ2_0").pack(np.full((1, 256), 2, np.int8), np.ones(1, np.float32))
     with pytest.raises(ValueError, match="fp16"):
-        pack_ternary("TQ1_0", np.zeros((1, 256), np.int8), np.array([1e6], np.float32))
+        codec_for("TQ1_0").pack(np.zeros((1, 256), np.int8), np.array([1e6], np.float32))
     with pytest.raises(ValueError, match="not a ternary type"):
-        pack_ternary("Q4_0", np.zeros((1, 256), np.int8), np.ones(1, np.float32))
+        codec_for("Q4_0").pack(np.zeros((1, 256), np.int8), np.ones(1, np.float32))
 
 
 @pytest.mark.parametrize("ggml_type", ["F32", "F16", "BF16", "Q8_0"])

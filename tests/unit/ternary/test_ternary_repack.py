@@ -11,10 +11,9 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
+from pipeline.ternary.codecs import codec_for
 from pipeline.ternary.fit import fit_optimal
-from pipeline.ternary.fit_bonsai import fit_q2_0
-from pipeline.ternary.pack import pack_ternary
-from pipeline.ternary.pack_bonsai import dequantize_q2_0, pack_q2_0
+from pipeline.ternary.fit_q import fit_q2_0
 from pipeline.ternary.repack import NotLossless, q2_0_lossless_runs, q2_0_to_tq2_0, tq_to_q2_0
 from tests.support import ggml_ref
 
@@ -28,7 +27,7 @@ def _decode(raw: np.ndarray, ggml_type: str) -> np.ndarray:
     if ggml_ref.available():
         return ggml_ref.dequantize(raw, _TYPE_IDS[ggml_type], n_values)
     if ggml_type == "Q2_0":
-        return dequantize_q2_0(raw)
+        return codec_for("Q2_0").dequantize(raw)
     return quants.dequantize(raw.reshape(-1, _BYTES[ggml_type]), GGMLQuantizationType[ggml_type]).reshape(-1)
 
 
@@ -58,7 +57,7 @@ def test_tq_to_q2_0_decodes_bit_for_bit(ggml_type: str) -> None:
 def test_fitted_tq_tensors_repack_losslessly(ggml_type: str) -> None:
     w = torch.randn(32, 512, generator=torch.Generator().manual_seed(2))
     codes, scales = fit_optimal(w.reshape(-1, 256))
-    raw = pack_ternary(ggml_type, codes, scales)
+    raw = codec_for(ggml_type).pack(codes, scales)
     q2 = tq_to_q2_0(raw, ggml_type)
     expected = (codes.float() * scales[:, None]).reshape(-1).numpy()
     np.testing.assert_array_equal(_bits(_decode(q2, "Q2_0")), _bits(expected))
@@ -81,7 +80,7 @@ def test_q2_0_with_all_zero_blocks_still_converts() -> None:
     codes = codes.clone()
     codes[1::4] = 0  # the second block of every run: all zero, with d = 0
     shared[1::4] = 0.0
-    q2 = pack_q2_0(codes, shared)
+    q2 = codec_for("Q2_0").pack(codes, shared)
     back = q2_0_to_tq2_0(q2)
     np.testing.assert_array_equal(_bits(_decode(back, "TQ2_0")), _bits(_decode(q2, "Q2_0")))
 
@@ -89,13 +88,14 @@ def test_q2_0_with_all_zero_blocks_still_converts() -> None:
 def test_q2_0_with_four_scales_cannot_become_tq2_0() -> None:
     w = torch.randn(8, 256, generator=torch.Generator().manual_seed(5))
     codes, scales = fit_q2_0(w.reshape(-1, 64))
-    q2 = pack_q2_0(codes, scales)
+    q2 = codec_for("Q2_0").pack(codes, scales)
     ok = q2_0_lossless_runs(q2)
     assert ok.shape == (8,) and not bool(ok.any())
     with pytest.raises(NotLossless, match="8 of 8 256-weight runs.*re-fit the tensor as TQ2_0") as info:
         q2_0_to_tq2_0(q2)
     assert info.value.first_lossy == 0
-    zero_sign = pack_q2_0(np.zeros((4, 64), np.int8), np.array([1.0, -1.0, 1.0, 1.0]))  # +0.0 vs -0.0
+    # +0.0 against -0.0
+    zero_sign = codec_for("Q2_0").pack(np.zeros((4, 64), np.int8), np.array([1.0, -1.0, 1.0, 1.0]))
     assert not bool(q2_0_lossless_runs(zero_sign)[0])
 
 

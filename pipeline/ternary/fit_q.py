@@ -32,7 +32,7 @@ keys an entry to level ±1 before a move to level 2. Q1_0 needs no search: ``sig
 
 Arithmetic. Sums run in float64 in a fixed order (the events' order, sequentially, on every
 device), products ``a * |w|`` of two float32 values are exact, and the candidate objective is
-``2.0 * d * A - d * d * W`` evaluated left to right; the compiled kernel (`kernel_bonsai`)
+``2.0 * d * A - d * d * W`` evaluated left to right; the compiled kernel (`_kernel_q_impl`)
 computes the same values with the same operations, so both give the same bytes. "Exact"
 therefore means exact up to float64 rounding of those sums and of the objective (relative
 ~1e-16): two candidates closer than that are ordered by their computed values.
@@ -182,7 +182,7 @@ def fit_q2_0(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The exact Q2_0 fit (see the module docstring): levels in {-1,0,1} (``levels=3``) or {-1,0,1,2}.
 
-    Returns int8 levels ``[n_blocks, B]`` (``pack_bonsai.pack_q2_0`` stores level + 1 as the
+    Returns int8 levels ``[n_blocks, B]`` (the Q2_0 codec stores level + 1 as the
     code) and float32 fp16-exact scales ``[n_blocks]`` (>= 0 for ``levels=3``, signed for 4).
     Raises ValueError for ``levels`` not 3 or 4, a bad shape, non-finite weights or a negative
     or non-finite importance.
