@@ -39,10 +39,12 @@ from pipeline.ternary._kernel_q_sorted import (
     scan_ternary,
     sort_desc,
 )
+from pipeline.ternary._kernel_sums import chain_sums_f32, sum_above
 
 __all__ = ["fit_pack_all"]
 
-_kernel_stamp.depends_on(__file__, "_kernel_ir.py", "_kernel_q_sorted.py")  # before the first cached function
+# Before the first cached function below.
+_kernel_stamp.depends_on(__file__, "_kernel_ir.py", "_kernel_q_sorted.py", "_kernel_sums.py")
 
 _FP16_MIN_NORMAL = 6.103515625e-05  # 2^-14
 _DELTA = 1.0 / 64  # chain steps stop this far short of the mean's half
@@ -94,37 +96,6 @@ def _moments(a):
     return sa, sq
 
 
-@njit(cache=True, fastmath=_FM)
-def _chain_sums(a, t1, t2):
-    """float32 sums and counts of |w| above t1 and above t2."""
-    s1 = _f32(0.0)
-    n1 = _f32(0.0)
-    s2 = _f32(0.0)
-    n2 = _f32(0.0)
-    for i in range(a.shape[0]):
-        x = a[i]
-        m1 = _f32(1.0) if x > t1 else _f32(0.0)
-        m2 = _f32(1.0) if x > t2 else _f32(0.0)
-        s1 += x * m1
-        n1 += m1
-        s2 += x * m2
-        n2 += m2
-    return np.float64(s1), np.float64(n1), np.float64(s2), np.float64(n2)
-
-
-@njit(cache=True, fastmath=_FM)
-def _sum_above(a, t):
-    """Sum (float64) and count of |w| > t; exact in any order for the thresholds used here."""
-    s = 0.0
-    n = 0.0
-    for i in range(a.shape[0]):
-        x = np.float64(a[i])
-        m = 1.0 if x > t else 0.0
-        s += x * m
-        n += m
-    return s, int(n)
-
-
 @njit(cache=True, inline="always")
 def _chains(a, mean, mx):
     """Certified bracket [p_lo, p_hi] of every maximiser of H(d) (uniform importance), and
@@ -136,7 +107,7 @@ def _chains(a, mean, mx):
     down_done = False
     n_lo = 0.0
     for _ in range(_MAX_CHAIN_STEPS):
-        s1, n1, s2, n2 = _chain_sums(a, _f32(0.5) * p, _f32(0.5) * q)
+        s1, n1, s2, n2 = chain_sums_f32(a, a.shape[0], _f32(0.5) * p, _f32(0.5) * q)
         if not up_done:
             nxt = _f32((s1 / n1) * (1.0 - _DELTA))
             if nxt <= p:
@@ -172,7 +143,7 @@ def _window(a, mx, sq, p_lo, p_hi, n_lo):
     d_hi = p_hi * (1.0 + 2.0**-8)
     if d_hi >= mx:
         return t_lo, np.inf
-    _, n_hi = _sum_above(a, 0.5 * d_hi)
+    _, n_hi = sum_above(a, a.shape[0], 0.5 * d_hi)
     if _CERTIFIED * n_hi * (d_hi * d_hi - p_hi * p_hi) <= slack * (1.0 + 1e-6):
         return t_lo, np.inf
     return t_lo, 0.5 * (d_hi + slack / d_lo) * (1.0 + 1e-9)
@@ -191,7 +162,8 @@ def _fit_window(a, neg, q, mx, sq, sa, widx):
     t_lo, t_hi = _window(a, mx, sq, min(p_lo, p_hi), max(p_lo, p_hi), n_lo)
     if t_lo < 0.0:
         return 0.0, False
-    s, n_top = _sum_above(a, t_hi)
+    s, n_above = sum_above(a, a.shape[0], t_hi)
+    n_top = int(n_above)
     _top_levels(a, neg, q, t_hi)
     # float32 thresholds that select exactly the float32 |w| with t_lo < |w| <= t_hi (float64)
     lo = _f32_floor(t_lo)

@@ -17,10 +17,12 @@ from numba import njit, prange
 
 from pipeline.ternary import _kernel_stamp
 from pipeline.ternary._kernel_ir import compress16, pack_tq1, pack_tq2, rank16
+from pipeline.ternary._kernel_sums import chain_sums_f32, sum_above
 
 __all__ = ["fit_pack_all", "QK"]
 
-_kernel_stamp.depends_on(__file__, "_kernel_ir.py")  # before the first cached function below
+# Before the first cached function below.
+_kernel_stamp.depends_on(__file__, "_kernel_ir.py", "_kernel_sums.py")
 
 QK = 256
 _FP16_MAX = 65504.0
@@ -114,37 +116,6 @@ def _pass_f32(a, count, t1, t2, t_am):
 
 
 @njit(cache=True, fastmath=_FM)
-def _steps_f32(a, count, t1, t2):
-    """Float32 sums and counts of a[:count] above t1 and above t2 (the chain steps' inputs)."""
-    s1 = _f32(0.0)
-    n1 = _f32(0.0)
-    s2 = _f32(0.0)
-    n2 = _f32(0.0)
-    for i in range(count):
-        x = a[i]
-        m1 = _f32(1.0) if x > t1 else _f32(0.0)
-        m2 = _f32(1.0) if x > t2 else _f32(0.0)
-        s1 += x * m1
-        n1 += m1
-        s2 += x * m2
-        n2 += m2
-    return np.float64(s1), np.float64(n1), np.float64(s2), np.float64(n2)
-
-
-@njit(cache=True, fastmath=_FM)
-def _sum_above(a, count, t):
-    """Exact float64 sum (terms within 2^21 of each other) and count of a[:count] above t."""
-    s = 0.0
-    n = 0.0
-    for i in range(count):
-        x = np.float64(a[i])
-        m = 1.0 if x > t else 0.0
-        s += x * m
-        n += m
-    return s, n
-
-
-@njit(cache=True, fastmath=_FM)
 def _pass_f64(a, count, t1, t2, t_am):
     """`_pass_f32` with float64 sums throughout, for blocks whose float32 sums could overflow."""
     s1 = 0.0
@@ -216,7 +187,7 @@ def _chain_sums(a, count, tl, tu, wide):
     if wide:
         s1, n1, s2, n2, _, _ = _pass_f64(a, count, np.float64(tl), np.float64(tu), np.inf)
         return s1, n1, s2, n2
-    return _steps_f32(a, count, tl, tu)
+    return chain_sums_f32(a, count, tl, tu)
 
 
 @njit(cache=True, inline="always")
@@ -251,7 +222,7 @@ def _select(a, act, srt, m, sa, t_am, tmp, tmpf):
     c_lo = _f32(min(tl, tu) * (1.0 - 2.0 * _EPS))
     c_hi = _f32(max(tl, tu) * (1.0 + 2.0 * _EPS))
     n_act = _compact(a, a.shape[0], c_lo, c_hi, act)
-    s_top, n_top = _sum_above(a, a.shape[0], np.float64(c_hi))
+    s_top, n_top = sum_above(a, a.shape[0], np.float64(c_hi))
     while n_act > _SORT_AT and not (done_l and done_u):  # unusual blocks: step on the few kept
         base = s_top if wide else np.float64(_f32(s_top))
         s1, n1, s2, n2 = _chain_sums(act, n_act, tl, tu, wide)
@@ -261,7 +232,7 @@ def _select(a, act, srt, m, sa, t_am, tmp, tmpf):
             tu, nu, done_u = _chain_step(base + s2, n_top + n2, tu, nu, False)
         c_lo = _f32(min(tl, tu) * (1.0 - 2.0 * _EPS))
         c_hi = _f32(max(tl, tu) * (1.0 + 2.0 * _EPS))
-        s_up, n_up = _sum_above(act, n_act, np.float64(c_hi))
+        s_up, n_up = sum_above(act, n_act, np.float64(c_hi))
         s_top += s_up
         n_top += n_up
         _pad16(act, n_act)

@@ -63,8 +63,8 @@ def test_the_real_kernels_are_stamped_with_their_helpers() -> None:
     names = {mod.__name__: sorted(Path(p).name for p in _kernel_stamp.helpers_of(mod.__file__))
              for mod in (_kernel_tq_impl, _kernel_q_impl, _kernel_q_sorted)}
     assert names == {
-        "pipeline.ternary._kernel_tq_impl": ["_kernel_ir.py"],
-        "pipeline.ternary._kernel_q_impl": ["_kernel_ir.py", "_kernel_q_sorted.py"],
+        "pipeline.ternary._kernel_tq_impl": ["_kernel_ir.py", "_kernel_sums.py"],
+        "pipeline.ternary._kernel_q_impl": ["_kernel_ir.py", "_kernel_q_sorted.py", "_kernel_sums.py"],
         "pipeline.ternary._kernel_q_sorted": ["_kernel_ir.py"],
     }
     stamp = _kernel_tq_impl.fit_pack_all._cache._cache_file._source_stamp
