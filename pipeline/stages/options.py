@@ -73,7 +73,7 @@ def _declared_options() -> dict[str, Option]:
     from pipeline.calibration.probe import ProbeSpec
     from pipeline.stages.calibrate.params import Params as CalibrateParams
     from pipeline.stages.decompose.stage import Params as DecomposeParams
-    from pipeline.stages.package.common import Params as PackageParams
+    from pipeline.stages.package.stage import Params as PackageParams
     from pipeline.stages.validate.params import Params as ValidateParams
 
     holders: tuple[tuple[str, type], ...] = (

@@ -88,11 +88,11 @@ def check_reference(reference: SourceReference) -> None:
 
 
 def _assemble(ctx: SearchInputs, allocation: Allocation, folder: Path) -> Path:
-    """The allocation's GGUF in ``folder``: parts from the kept bytes, then the package code."""
+    """The allocation's GGUF in ``folder``: parts from the kept bytes, then package's writer."""
     from pipeline.formats.parts import part_name
     from pipeline.stages.decompose.shard import write_kept_part
-    from pipeline.stages.package.common import Params as PackageParams
-    from pipeline.stages.package.stage import run as package
+    from pipeline.stages.gguf_build import Params as PackageParams
+    from pipeline.stages.gguf_build import build_gguf
 
     def fetch(name: str, decision: TensorDecision) -> np.ndarray:
         raw = ctx.kept.get(name, label_of(decision))
@@ -107,8 +107,8 @@ def _assemble(ctx: SearchInputs, allocation: Allocation, folder: Path) -> Path:
         path = folder / name
         write_kept_part(path, [p for p in ctx.plan if p.shard == shard], allocation.decisions, fetch)
         inputs[f"decompose/{name}"] = InputFile(name, path, "", path.stat().st_size)
-    result = package(PackageParams(model_name="auto-candidate", source="", recipe=ctx.recipe.name),
-                     inputs, folder)
+    result = build_gguf(PackageParams(model_name="auto-candidate", source="", recipe=ctx.recipe.name),
+                        inputs, folder)
     return next(out.path for out in result.outputs if out.name.endswith(".gguf"))
 
 

@@ -16,7 +16,7 @@ from pipeline.formats.gguf.readback import inspect_gguf
 from pipeline.formats.model_card import ModelCard
 from pipeline.stages import package
 from pipeline.stages.base import JobSpec
-from pipeline.stages.package import parts as parts_of
+from pipeline.stages.gguf_build import parts as parts_of
 
 
 @pytest.fixture(scope="module")

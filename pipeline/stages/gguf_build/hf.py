@@ -31,8 +31,14 @@ from pipeline.formats.jsonfile import load_json
 from pipeline.formats.model_card import ModelCard
 from pipeline.formats.tokenizer import load_tokenizer
 from pipeline.stages.base import InputFile, OutputFile, StageResult
-from pipeline.stages.package.common import GGML_QUANT_VERSION, OUTPUT_NAME, Params, provenance_keys, require
-from pipeline.stages.package.parts import PartTensor, verify_bytes
+from pipeline.stages.gguf_build.common import (
+    GGML_QUANT_VERSION,
+    OUTPUT_NAME,
+    Params,
+    provenance_keys,
+    require,
+)
+from pipeline.stages.gguf_build.parts import PartTensor, verify_bytes
 
 __all__ = ["package_hf_source"]
 

@@ -26,8 +26,14 @@ from pipeline.formats.gguf.types import file_type_name, ggml_type
 from pipeline.formats.gguf.writer import TensorToWrite, file_type_for, write_gguf
 from pipeline.formats.model_card import ModelCard
 from pipeline.stages.base import InputFile, OutputFile, StageResult
-from pipeline.stages.package.common import GGML_QUANT_VERSION, OUTPUT_NAME, Params, provenance_keys, require
-from pipeline.stages.package.parts import PartTensor, verify_bytes
+from pipeline.stages.gguf_build.common import (
+    GGML_QUANT_VERSION,
+    OUTPUT_NAME,
+    Params,
+    provenance_keys,
+    require,
+)
+from pipeline.stages.gguf_build.parts import PartTensor, verify_bytes
 
 __all__ = ["package_gguf_source"]
 

@@ -1,4 +1,4 @@
-"""What both halves of the package stage share: its parameters, output name and provenance keys."""
+"""What both halves of the GGUF writer share: the package parameters, output name and provenance keys."""
 
 from __future__ import annotations
 
