@@ -19,6 +19,7 @@ from typing import Any
 
 from pipeline.core.errors import IntegrityError
 from pipeline.core.files import write_json
+from pipeline.formats.gguf.types import GGMLTypeName
 from pipeline.formats.jsonfile import ShapeError, as_dataclass, load_json
 
 __all__ = [
@@ -259,7 +260,8 @@ class DecomposeReport:
             n_inexact=len(lossy),
             inexact_examples=tuple(r.name for r in lossy[:8]),
             exact_type=_common_exact_type(lossy),
-            inexact_only_f16=bool(lossy) and all(not r.is_ternary and r.ggml_type == "F16" for r in lossy),
+            inexact_only_f16=bool(lossy) and all(not r.is_ternary and r.ggml_type == GGMLTypeName.F16
+                                                 for r in lossy),
         )
 
     def with_header(self, **changes: Any) -> DecomposeReport:

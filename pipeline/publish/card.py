@@ -21,11 +21,12 @@ import yaml
 
 from pipeline.core.verdicts import Verdict
 from pipeline.formats.gguf.reader import GGUFFile
+from pipeline.formats.gguf.types import GGMLTypeName
 
 __all__ = ["GGUFSummary", "summarise_gguf", "render_card", "CardFile"]
 
 _BLOCK = re.compile(r"^blk\.\d+\.")
-_TERNARY_TYPES = {"TQ1_0", "TQ2_0", "Q1_0", "Q2_0"}
+_TERNARY_TYPES = {GGMLTypeName.TQ1_0, GGMLTypeName.TQ2_0, GGMLTypeName.Q1_0, GGMLTypeName.Q2_0}
 
 
 @dataclass(frozen=True)

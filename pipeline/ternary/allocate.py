@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from pipeline.formats.gguf.types import GGMLTypeName
+
 __all__ = ["ALLOCATOR_VERSION", "Rung", "rung_label", "rung_rank", "ladder", "hull", "upgrades", "allocate"]
 
 _QK_K, _Q2_0_BLOCK, _LEGACY_BLOCK = 256, 64, 32
@@ -73,13 +75,13 @@ def ladder(cols: int, is_linear: bool) -> list[tuple[str, int | None]]:
     """
     rungs: list[tuple[str, int | None]] = []
     if is_linear and cols % _Q2_0_BLOCK == 0:
-        rungs += [("Q2_0", 3), ("Q2_0", 4)]
+        rungs += [(GGMLTypeName.Q2_0, 3), (GGMLTypeName.Q2_0, 4)]
     if cols % _QK_K == 0:
-        rungs += [("Q4_K", None), ("Q6_K", None)]
+        rungs += [(GGMLTypeName.Q4_K, None), (GGMLTypeName.Q6_K, None)]
     elif cols % _LEGACY_BLOCK == 0:
-        rungs += [("Q4_0", None), ("Q5_0", None)]
+        rungs += [(GGMLTypeName.Q4_0, None), (GGMLTypeName.Q5_0, None)]
     if cols % _LEGACY_BLOCK == 0:
-        rungs.append(("Q8_0", None))
+        rungs.append((GGMLTypeName.Q8_0, None))
     return rungs
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from enum import StrEnum
 
+from pipeline.formats.gguf.types import GGMLTypeName
+
 __all__ = ["TARGETS", "Support", "support", "default_recipe", "backend_warnings"]
 
 TARGETS = ("cpu", "cuda", "metal", "vulkan")
@@ -32,10 +34,10 @@ class Support(StrEnum):
 
 _S = Support
 _TABLE: dict[str, dict[str, Support]] = {
-    "TQ2_0": {"cpu": _S.FAST, "cuda": _S.NONE, "metal": _S.FAST, "vulkan": _S.FAST},
-    "TQ1_0": {"cpu": _S.FAST, "cuda": _S.NONE, "metal": _S.PARTIAL, "vulkan": _S.FAST},
-    "Q2_0": {"cpu": _S.SCALAR, "cuda": _S.FAST, "metal": _S.FAST, "vulkan": _S.FAST},
-    "Q1_0": {"cpu": _S.FAST, "cuda": _S.FAST, "metal": _S.FAST, "vulkan": _S.FAST},
+    GGMLTypeName.TQ2_0: {"cpu": _S.FAST, "cuda": _S.NONE, "metal": _S.FAST, "vulkan": _S.FAST},
+    GGMLTypeName.TQ1_0: {"cpu": _S.FAST, "cuda": _S.NONE, "metal": _S.PARTIAL, "vulkan": _S.FAST},
+    GGMLTypeName.Q2_0: {"cpu": _S.SCALAR, "cuda": _S.FAST, "metal": _S.FAST, "vulkan": _S.FAST},
+    GGMLTypeName.Q1_0: {"cpu": _S.FAST, "cuda": _S.FAST, "metal": _S.FAST, "vulkan": _S.FAST},
 }
 _DEFAULT_RECIPE = {"cpu": "tq2_0", "cuda": "q2_0", "metal": "q2_0", "vulkan": "q2_0"}
 _WHY = {
@@ -67,7 +69,8 @@ def backend_warnings(types: Iterable[str], target: str) -> list[str]:
         level = support(ggml_type, target)
         if level is Support.FAST:
             continue
-        arm = "; ARM CPUs have a fast NEON kernel" if ggml_type == "Q2_0" and target == "cpu" else ""
+        on_arm = ggml_type == GGMLTypeName.Q2_0 and target == "cpu"
+        arm = "; ARM CPUs have a fast NEON kernel" if on_arm else ""
         why = _WHY[level].format(target=target, arm=arm)
         found.append(f"{ggml_type} {why}; for {target} the recipe {better!r} is the fast choice")
     return found

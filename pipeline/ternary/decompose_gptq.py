@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from pipeline.formats.gguf.types import GGMLTypeName
 from pipeline.ternary.codecs.base import ratio
 from pipeline.ternary.fit import fit_absmean
 from pipeline.ternary.gptq import LAYOUTS, dequantize, gptq_fit
@@ -28,7 +29,7 @@ __all__ = ["decompose_gptq_packed", "layout_name"]
 
 def layout_name(ggml_type: str, levels: int = 3) -> str:
     """The `gptq.LAYOUTS` key of a block type (Q2_0 with 4 levels has its own code set)."""
-    if ggml_type == "Q2_0" and levels == 4:
+    if ggml_type == GGMLTypeName.Q2_0 and levels == 4:
         return "Q2_0_4LEVEL"
     if ggml_type not in LAYOUTS:
         raise ValueError(f"{ggml_type!r} has no error-compensating fit; "
@@ -40,7 +41,7 @@ def _baseline_sq_error(w: torch.Tensor, ggml_type: str, block_size: int) -> floa
     from pipeline.ternary import fit_q
 
     blocks = w.reshape(-1, block_size)
-    codes, scales = fit_q.fit_q1_0_absmean(blocks) if ggml_type == "Q1_0" else fit_absmean(blocks)
+    codes, scales = fit_q.fit_q1_0_absmean(blocks) if ggml_type == GGMLTypeName.Q1_0 else fit_absmean(blocks)
     approx = codes.to(torch.float64) * scales.to(torch.float64)[:, None]
     return float(((blocks.double() - approx) ** 2).sum())
 

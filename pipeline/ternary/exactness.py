@@ -15,6 +15,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
+from pipeline.formats.gguf.types import GGMLTypeName
 from pipeline.ternary.pack import decode_bytes
 
 __all__ = ["decodes_exactly"]
@@ -61,11 +62,11 @@ def decodes_exactly(raw: npt.NDArray[np.uint8], ggml_type: str, source: Any) -> 
     """
     bits, shift = _source_bits(source)
     data = np.asarray(raw, dtype=np.uint8).reshape(-1)
-    if ggml_type == "TQ2_0" and bits.size % _TQ2_BLOCK == 0:
+    if ggml_type == GGMLTypeName.TQ2_0 and bits.size % _TQ2_BLOCK == 0:
         blocks = data.reshape(-1, _TQ2_BYTES)
         scales = blocks[:, 64:66].copy().view(np.float16).astype(np.float32).reshape(-1)
         return int(_mismatches(blocks[:, :64], scales, bits.reshape(-1, _TQ2_BLOCK), shift, True)) == 0
-    if ggml_type == "Q2_0" and bits.size % _Q2_BLOCK == 0:
+    if ggml_type == GGMLTypeName.Q2_0 and bits.size % _Q2_BLOCK == 0:
         blocks = data.reshape(-1, _Q2_BYTES)
         scales = blocks[:, :2].copy().view(np.float16).astype(np.float32).reshape(-1)
         return int(_mismatches(blocks[:, 2:], scales, bits.reshape(-1, _Q2_BLOCK), shift, False)) == 0

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.formats.gguf.types import GGMLTypeName
 from pipeline.ternary.fit import fit_optimal, to_fp16_scale
 
 __all__ = [
@@ -76,11 +77,11 @@ class Layout:
 
 
 LAYOUTS: dict[str, Layout] = {
-    "TQ2_0": Layout(256, TERNARY),
-    "TQ1_0": Layout(256, TERNARY),
-    "Q2_0": Layout(64, TERNARY),
+    GGMLTypeName.TQ2_0: Layout(256, TERNARY),
+    GGMLTypeName.TQ1_0: Layout(256, TERNARY),
+    GGMLTypeName.Q2_0: Layout(64, TERNARY),
     "Q2_0_4LEVEL": Layout(64, FOUR_LEVEL),
-    "Q1_0": Layout(128, BINARY),
+    GGMLTypeName.Q1_0: Layout(128, BINARY),
 }
 # GPTQ's paper damps by 1% with ~260k calibration tokens; with a few thousand tokens (the built-in
 # text) H is barely full rank for wide inputs and 1% overfits: on Gemma 3 270M layers, held-out

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.formats.gguf.types import GGMLTypeName
+
 __all__ = ["KernelStats", "is_available", "warm_up", "thread_count"]
 
 
@@ -43,7 +45,7 @@ def warm_up(*ggml_types: str) -> float:
 
     started = time.perf_counter()
     if is_available():
-        for name in ggml_types or ("TQ2_0",):
+        for name in ggml_types or (GGMLTypeName.TQ2_0,):
             codec = codec_for(name)
             size = codec.block_size
             weighted = (None, np.ones(size, np.float32)) if codec.kernel_importance else (None,)

@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
 from pipeline.formats.gguf.ggml_quantize import LLAMA_QUANT_TYPES, quantize
-from pipeline.formats.gguf.types import block_geometry
+from pipeline.formats.gguf.types import GGMLTypeName, block_geometry
 from pipeline.ternary.codecs import CODECS, FITTED_TYPES
 from pipeline.ternary.codecs.base import as_numpy
 
@@ -30,7 +30,7 @@ __all__ = ["PLAIN_TYPES", "PART_TYPES", "bits_per_weight", "tensor_nbytes", "enc
 
 # Types a tensor is stored as without a ternary fit; the legacy and K-quants come from llama.cpp's
 # own quantizer (`formats.gguf.ggml_quantize`).
-PLAIN_TYPES = ("F32", "F16", "BF16", "Q8_0", *LLAMA_QUANT_TYPES)
+PLAIN_TYPES = (GGMLTypeName.F32, GGMLTypeName.F16, GGMLTypeName.BF16, GGMLTypeName.Q8_0, *LLAMA_QUANT_TYPES)
 # Types a decompose part may carry: what llama.cpp runs and a recipe may choose.
 PART_TYPES = (*FITTED_TYPES, *PLAIN_TYPES)
 U8Array = npt.NDArray[np.uint8]
@@ -76,17 +76,17 @@ def encode_plain(values: npt.ArrayLike | torch.Tensor, ggml_type: str,
     F16 (the caller names the tensor) and for rows that are not whole blocks.
     """
     arr = np.ascontiguousarray(as_numpy(values, float32=True), dtype=np.float32)
-    if ggml_type == "F32":
+    if ggml_type == GGMLTypeName.F32:
         out = arr.astype("<f4")
-    elif ggml_type == "F16":
+    elif ggml_type == GGMLTypeName.F16:
         with np.errstate(over="ignore"):
             out = arr.astype("<f2")
         if not np.all(np.isfinite(out) | ~np.isfinite(arr)):
             raise ValueError(f"values up to {float(np.abs(arr).max()):g} overflow F16 (max 65504)")
     elif ggml_type in LLAMA_QUANT_TYPES:
         out = quantize(arr if arr.ndim else arr.reshape(1), ggml_type, importance)
-    elif ggml_type in ("BF16", "Q8_0"):
-        if ggml_type == "Q8_0" and arr.shape and arr.shape[-1] % 32 != 0:
+    elif ggml_type in (GGMLTypeName.BF16, GGMLTypeName.Q8_0):
+        if ggml_type == GGMLTypeName.Q8_0 and arr.shape and arr.shape[-1] % 32 != 0:
             raise ValueError(f"row length {arr.shape[-1]} is not a multiple of the Q8_0 block size 32")
         out = gguf_quants.quantize(arr, _qtype(ggml_type))
     else:
@@ -97,11 +97,11 @@ def encode_plain(values: npt.ArrayLike | torch.Tensor, ggml_type: str,
 def decode_bytes(raw: npt.ArrayLike, ggml_type: str, shape: tuple[int, ...]) -> npt.NDArray[np.float32]:
     """Float32 values of raw bytes in any supported type, reshaped to torch ``shape``."""
     data = np.asarray(raw, dtype=np.uint8)
-    if ggml_type == "F32":
+    if ggml_type == GGMLTypeName.F32:
         out = data.view("<f4").astype(np.float32)
-    elif ggml_type == "F16":
+    elif ggml_type == GGMLTypeName.F16:
         out = data.view("<f2").astype(np.float32)
-    elif ggml_type in ("Q2_0", "Q1_0"):  # gguf-py has no maths for these
+    elif ggml_type in (GGMLTypeName.Q2_0, GGMLTypeName.Q1_0):  # gguf-py has no maths for these
         out = CODECS[ggml_type].dequantize(data)
     else:
         out = gguf_quants.dequantize(data.reshape(-1), _qtype(ggml_type)).astype(np.float32)

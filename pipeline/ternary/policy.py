@@ -25,7 +25,7 @@ from typing import Any
 
 from pipeline.core.errors import InputError
 from pipeline.core.option_fields import option
-from pipeline.formats.gguf.types import block_geometry
+from pipeline.formats.gguf.types import GGMLTypeName, block_geometry
 from pipeline.ternary.codecs import CODECS, codec_for
 
 __all__ = [
@@ -41,8 +41,8 @@ _LINEAR = re.compile(r"^blk\.(\d+)\.(" + "|".join(LINEAR_KINDS) + r")\.weight$")
 GPTQ = "gptq"  # the error-compensating fit: needs the calibrate stage's Gram matrices
 # Every codec's per-block fits, then gptq (each type's own fits: `codecs`, e.g. Q1_0 has no absmax).
 METHODS = (*dict.fromkeys(method for codec in CODECS.values() for method in codec.methods), GPTQ)
-HIGH_PRECISION = ("F16", "BF16", "F32", "Q8_0")
-FALLBACK_TYPES = ("F16", "BF16", "F32")
+HIGH_PRECISION = (GGMLTypeName.F16, GGMLTypeName.BF16, GGMLTypeName.F32, GGMLTypeName.Q8_0)
+FALLBACK_TYPES = (GGMLTypeName.F16, GGMLTypeName.BF16, GGMLTypeName.F32)
 _TARGET_BPW_RANGE = (1.5, 8.5)  # all ternary Q2_0 .. all Q8_0
 _Q8_0_BLOCK = 32
 
@@ -66,9 +66,9 @@ class Recipe:
     method: str = option("optimal", help="per-block fit (q1_0: optimal or absmean)", choices=METHODS)
     irls_iters: int = option(0, help="refinement passes after the fit (tq recipes only)", low=0, high=100)
     levels: int = option(3, help="q2_0 only: 3 = ternary codes, 4 = also code +2", low=3, high=4)
-    embed_type: str = option("F16", help="type of token_embd.weight", choices=HIGH_PRECISION)
-    output_type: str = option("F16", help="type of output.weight", choices=HIGH_PRECISION)
-    fallback_type: str = option("F16", help="type of a 2-D tensor that cannot be ternary",
+    embed_type: str = option(GGMLTypeName.F16, help="type of token_embd.weight", choices=HIGH_PRECISION)
+    output_type: str = option(GGMLTypeName.F16, help="type of output.weight", choices=HIGH_PRECISION)
+    fallback_type: str = option(GGMLTypeName.F16, help="type of a 2-D tensor that cannot be ternary",
                                 choices=FALLBACK_TYPES)
     target_bpw: float = option(0.0, shown_default=None, low=_TARGET_BPW_RANGE[0], high=_TARGET_BPW_RANGE[1],
                                help="auto only: bits per weight the 2-D weights may take (default 4.0; with "
@@ -102,13 +102,14 @@ class TensorDecision:
 
 
 RECIPES: dict[str, Recipe] = {
-    "tq2_0": Recipe(name="tq2_0", ternary_type="TQ2_0"),
-    "tq1_0": Recipe(name="tq1_0", ternary_type="TQ1_0"),
-    "q2_0": Recipe(name="q2_0", ternary_type="Q2_0"),
-    "q1_0": Recipe(name="q1_0", ternary_type="Q1_0"),
+    "tq2_0": Recipe(name="tq2_0", ternary_type=GGMLTypeName.TQ2_0),
+    "tq1_0": Recipe(name="tq1_0", ternary_type=GGMLTypeName.TQ1_0),
+    "q2_0": Recipe(name="q2_0", ternary_type=GGMLTypeName.Q2_0),
+    "q1_0": Recipe(name="q1_0", ternary_type=GGMLTypeName.Q1_0),
     # Mixed precision by sensitivity (`ternary.allocate`): each 2-D weight gets the type whose
     # weighted error is worth its bytes, within target_bpw over all of them.
-    "auto": Recipe(name="auto", ternary_type="Q2_0", embed_type="Q8_0", output_type="Q8_0", target_bpw=4.0),
+    "auto": Recipe(name="auto", ternary_type=GGMLTypeName.Q2_0, embed_type=GGMLTypeName.Q8_0,
+                   output_type=GGMLTypeName.Q8_0, target_bpw=4.0),
 }
 AUTO = "auto"
 _LEVELS_RECIPES = ("q2_0",)
@@ -203,7 +204,7 @@ def _quality_target(recipe: str, key: str, value: Any) -> float:
 def _plain(name: str, shape: tuple[int, ...], ggml_type: str, why: str, recipe: Recipe) -> TensorDecision:
     """``ggml_type`` for a non-ternary tensor, unless Q8_0 does not fit its rows."""
     cols = shape[-1] if shape else 1
-    if ggml_type == "Q8_0" and cols % _Q8_0_BLOCK:
+    if ggml_type == GGMLTypeName.Q8_0 and cols % _Q8_0_BLOCK:
         return TensorDecision(
             recipe.fallback_type, False,
             f"{name}: {why}; row length {cols} is not a multiple of 32 (Q8_0 block size); "
@@ -218,7 +219,7 @@ def decide(gguf_name: str, shape: tuple[int, ...], recipe: Recipe) -> TensorDeci
     shape = tuple(shape)
     tq = recipe.ternary_type
     if len(shape) <= 1:
-        return TensorDecision("F32", False, f"{gguf_name}: 1-D tensor (norm or bias) kept as F32")
+        return TensorDecision(GGMLTypeName.F32, False, f"{gguf_name}: 1-D tensor (norm or bias) kept as F32")
     if gguf_name == "token_embd.weight":
         return _plain(gguf_name, shape, recipe.embed_type, "token embedding kept in higher precision", recipe)
     if gguf_name == "output.weight":

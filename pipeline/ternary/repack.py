@@ -26,13 +26,14 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from pipeline.formats.gguf.types import GGMLTypeName
 from pipeline.ternary.codecs import CODECS
 
 __all__ = ["NotLossless", "tq_to_q2_0", "q2_0_to_tq2_0", "q2_0_lossless_runs"]
 
 _QK_K = 256
-_TQ_TYPES = ("TQ2_0", "TQ1_0")
-_Q2 = CODECS["Q2_0"]
+_TQ_TYPES = (GGMLTypeName.TQ2_0, GGMLTypeName.TQ1_0)
+_Q2 = CODECS[GGMLTypeName.Q2_0]
 _PER_RUN = _QK_K // _Q2.block_size
 
 U8Array = npt.NDArray[np.uint8]
@@ -118,4 +119,4 @@ def q2_0_to_tq2_0(raw: npt.ArrayLike) -> U8Array:
         bad = np.flatnonzero(~ok)
         raise NotLossless(int(ok.size), int(bad.size), int(bad[0]))
     shared = np.take_along_axis(d_bytes, source[:, None, None], axis=1).reshape(-1, 2)
-    return CODECS["TQ2_0"].assemble(codes, shared)
+    return CODECS[GGMLTypeName.TQ2_0].assemble(codes, shared)

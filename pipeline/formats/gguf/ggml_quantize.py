@@ -22,13 +22,16 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline.core.errors import IntegrityError
-from pipeline.formats.gguf.types import block_geometry, ggml_type
+from pipeline.formats.gguf.types import GGMLTypeName, block_geometry, ggml_type
 
 __all__ = ["LLAMA_QUANT_TYPES", "quantize", "llama_cpp_library_file"]
 
 # Types this module makes with llama.cpp's quantizer (none of them needs an importance matrix;
 # each takes one to weight its rounding).
-LLAMA_QUANT_TYPES = ("Q4_0", "Q5_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+LLAMA_QUANT_TYPES = (
+    GGMLTypeName.Q4_0, GGMLTypeName.Q5_0, GGMLTypeName.Q2_K, GGMLTypeName.Q3_K, GGMLTypeName.Q4_K,
+    GGMLTypeName.Q5_K, GGMLTypeName.Q6_K,
+)
 
 
 def llama_cpp_library_file(base: str) -> Path:

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 
 import gguf
 
 __all__ = [
     "BlockType",
     "BONSAI_TYPES",
+    "GGMLTypeName",
     "ExtraGGMLType",
     "ExtraFileType",
     "GGMLType",
@@ -38,6 +39,33 @@ __all__ = [
     "file_type_of",
     "file_type_name",
 ]
+
+
+class GGMLTypeName(StrEnum):
+    """The ggml types the pipeline writes or chooses among, by name, as options and reports carry them.
+
+    A StrEnum: each member is its name as a string, so JSON, comparisons and the files' own type
+    names are unchanged, while code names a type as a checked member instead of spelling it.
+    """
+
+    F32 = "F32"
+    F16 = "F16"
+    BF16 = "BF16"
+    Q8_0 = "Q8_0"
+    Q6_K = "Q6_K"
+    Q5_K = "Q5_K"
+    Q5_0 = "Q5_0"
+    Q4_K = "Q4_K"
+    Q4_0 = "Q4_0"
+    Q3_K = "Q3_K"
+    Q2_K = "Q2_K"
+    TQ2_0 = "TQ2_0"
+    TQ1_0 = "TQ1_0"
+    Q2_0 = "Q2_0"
+    Q1_0 = "Q1_0"
+
+    def __repr__(self) -> str:  # a message quotes a type as the string it is: 'Q2_0'
+        return repr(self.value)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from pipeline.formats.gguf.types import (
     BONSAI_TYPES,
     FileType,
     GGMLType,
+    GGMLTypeName,
     block_geometry,
     file_type_of,
     ggml_type,
@@ -58,10 +59,10 @@ __all__ = [
 _ROPE_KINDS = frozenset({"default", "linear", "llama3"})
 
 _FILE_TYPE_BY_TYPE: tuple[tuple[GGMLType, FileType], ...] = (
-    (ggml_type("Q1_0"), file_type_of(BONSAI_TYPES["Q1_0"].file_type_name)),
+    (ggml_type(GGMLTypeName.Q1_0), file_type_of(BONSAI_TYPES[GGMLTypeName.Q1_0].file_type_name)),
     (gguf.GGMLQuantizationType.TQ1_0, gguf.LlamaFileType.MOSTLY_TQ1_0),
     (gguf.GGMLQuantizationType.TQ2_0, gguf.LlamaFileType.MOSTLY_TQ2_0),
-    (ggml_type("Q2_0"), file_type_of(BONSAI_TYPES["Q2_0"].file_type_name)),
+    (ggml_type(GGMLTypeName.Q2_0), file_type_of(BONSAI_TYPES[GGMLTypeName.Q2_0].file_type_name)),
     (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
     (gguf.GGMLQuantizationType.BF16, gguf.LlamaFileType.MOSTLY_BF16),
     (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16),

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from pipeline.formats.decompose_report import AllocationSummary, CandidateSummary, RungCost
+from pipeline.formats.gguf.types import GGMLTypeName
 from pipeline.formats.model_card import ModelCard
 from pipeline.stages.decompose.calibration import CalibrationInputs
 from pipeline.ternary.allocate import Rung, allocate, ladder, rung_label
@@ -180,7 +181,7 @@ def choose(
         costs = ", ".join(f"{r.label} {r.cost:.3g}" for r in rungs[name])
         decisions[name] = TensorDecision(
             rung.ggml_type,
-            rung.ggml_type == "Q2_0",
+            rung.ggml_type == GGMLTypeName.Q2_0,
             f"{name}: auto chose {rung.label} ({rung.n_bytes * 8 / params[name]:.3g} bpw); "
             f"{'importance-weighted' if weighted else 'unweighted'} error by rung: {costs}",
             levels=rung.levels,

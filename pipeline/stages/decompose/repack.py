@@ -13,11 +13,12 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from pipeline.formats.gguf.types import GGMLTypeName
 from pipeline.ternary.repack import NotLossless, q2_0_to_tq2_0, tq_to_q2_0
 
 __all__ = ["Repacked", "repack", "TERNARY_SOURCE_TYPES"]
 
-TERNARY_SOURCE_TYPES = frozenset({"TQ2_0", "TQ1_0", "Q2_0"})
+TERNARY_SOURCE_TYPES = frozenset({GGMLTypeName.TQ2_0, GGMLTypeName.TQ1_0, GGMLTypeName.Q2_0})
 
 
 @dataclass(frozen=True)
@@ -33,9 +34,9 @@ def repack(raw: npt.NDArray[np.uint8], source_type: str, target_type: str) -> Re
     data = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
     if source_type == target_type:
         return Repacked(data.copy(), f"kept as stored ({source_type}, bytes unchanged)")
-    if source_type in ("TQ2_0", "TQ1_0") and target_type == "Q2_0":
+    if source_type in (GGMLTypeName.TQ2_0, GGMLTypeName.TQ1_0) and target_type == GGMLTypeName.Q2_0:
         return Repacked(tq_to_q2_0(data, source_type), f"re-packed losslessly from {source_type}")
-    if source_type == "Q2_0" and target_type == "TQ2_0":
+    if source_type == GGMLTypeName.Q2_0 and target_type == GGMLTypeName.TQ2_0:
         try:
             return Repacked(q2_0_to_tq2_0(data), "re-packed losslessly from Q2_0")
         except NotLossless as exc:

@@ -21,6 +21,7 @@ from pipeline.core.errors import InputError, IntegrityError
 from pipeline.core.files import atomic_path
 from pipeline.formats.decompose_report import TensorReport
 from pipeline.formats.gguf.ggml_quantize import LLAMA_QUANT_TYPES
+from pipeline.formats.gguf.types import GGMLTypeName
 from pipeline.formats.model_card import ModelCard
 from pipeline.formats.parts import PartEntry, PartIndex
 from pipeline.formats.rawio import pread_exact
@@ -125,7 +126,8 @@ def _encode(
     return raw, line
 
 
-_FINER = {"TQ2_0": "Q2_0", "TQ1_0": "Q2_0"}  # one scale per 256 inputs -> Q2_0's one per 64
+# One scale per 256 inputs -> Q2_0's one per 64.
+_FINER: dict[str, str] = {GGMLTypeName.TQ2_0: GGMLTypeName.Q2_0, GGMLTypeName.TQ1_0: GGMLTypeName.Q2_0}
 _PEEK_ROWS = 16
 
 

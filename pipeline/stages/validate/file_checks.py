@@ -19,7 +19,7 @@ from pipeline.core.verdicts import Verdict
 from pipeline.formats.decompose_report import DecomposeReport
 from pipeline.formats.gguf.readback import GGUFSummary
 from pipeline.formats.gguf.reader import GGUFFile
-from pipeline.formats.gguf.types import block_geometry
+from pipeline.formats.gguf.types import GGMLTypeName, block_geometry
 from pipeline.stages.validate.judge import Check
 
 __all__ = [
@@ -33,8 +33,8 @@ __all__ = [
 _LINEAR = re.compile(
     r"^blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|attn_qkv|ffn_gate|ffn_up|ffn_down)\.weight$"
 )
-_TERNARY_TYPES = ("TQ1_0", "TQ2_0", "Q2_0")  # sparsity applies to these
-_LOW_BIT_TYPES = (*_TERNARY_TYPES, "Q1_0")  # fitted types, Q1_0's binary one included
+_TERNARY_TYPES = (GGMLTypeName.TQ1_0, GGMLTypeName.TQ2_0, GGMLTypeName.Q2_0)  # sparsity applies to these
+_LOW_BIT_TYPES = (*_TERNARY_TYPES, GGMLTypeName.Q1_0)  # fitted types, Q1_0's binary one included
 _BPW_PASS_REL = 0.01  # linear weights within 1% of the expected rate
 _BPW_WARN_REL = 0.25  # within 25%: close; beyond: the recipe was not applied
 _SPARSITY_SAMPLE_ROWS = 64  # rows per tensor decoded to measure sparsity from the file itself

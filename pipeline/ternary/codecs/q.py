@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from pipeline.formats.gguf.types import GGMLTypeName
 from pipeline.ternary.codecs.base import Codec, TorchFit, U8Array
 
 if TYPE_CHECKING:
@@ -81,8 +82,9 @@ class QCodec(Codec):
 
     def _call_kernel(self, src: npt.NDArray[Any], shift: int, imp: npt.NDArray[np.float32], n_per_row: int,
                      view: U8Array, stats: npt.NDArray[np.float64], levels: int) -> None:
-        self.kernel_entry()(src, shift, imp, n_per_row, view, stats, self.chunk_blocks, self.name == "Q1_0",
-                            levels, self.type_size)
+        is_q1 = self.name == GGMLTypeName.Q1_0
+        self.kernel_entry()(src, shift, imp, n_per_row, view, stats, self.chunk_blocks, is_q1, levels,
+                            self.type_size)
 
     @abstractmethod
     def _fit(self, blocks: torch.Tensor, method: str, levels: int,
@@ -133,7 +135,7 @@ class QCodec(Codec):
 class Q2_0(QCodec):
     """64 weights in 18 bytes: levels {-1, 0, +1} (``levels=3``) or {-1, 0, +1, +2}, 2 bits each."""
 
-    name: ClassVar[str] = "Q2_0"
+    name: ClassVar[str] = GGMLTypeName.Q2_0
     methods: ClassVar[tuple[str, ...]] = ("optimal", "absmean", "absmax")
     levels: ClassVar[tuple[int, ...]] = (3, 4)
     code_range: ClassVar[tuple[int, int]] = (-1, 2)
@@ -166,7 +168,7 @@ class Q2_0(QCodec):
 class Q1_0(QCodec):
     """128 weights in 18 bytes: one sign bit each (+d or -d); binary, so no threshold and no absmax."""
 
-    name: ClassVar[str] = "Q1_0"
+    name: ClassVar[str] = GGMLTypeName.Q1_0
     methods: ClassVar[tuple[str, ...]] = ("optimal", "absmean")
     code_range: ClassVar[tuple[int, int]] = (-1, 1)
     code_error: ClassVar[str] = "Q1_0 codes must be -1 or +1"

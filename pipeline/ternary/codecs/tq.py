@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from pipeline.formats.gguf.types import GGMLTypeName
 from pipeline.ternary.codecs.base import Codec, TorchFit, U8Array
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ class TQCodec(Codec):
 
     def _call_kernel(self, src: npt.NDArray[Any], shift: int, imp: npt.NDArray[np.float32], n_per_row: int,
                      view: U8Array, stats: npt.NDArray[np.float64], levels: int) -> None:
-        self.kernel_entry()(src, shift, view, stats, self.chunk_blocks, self.name == "TQ1_0")
+        self.kernel_entry()(src, shift, view, stats, self.chunk_blocks, self.name == GGMLTypeName.TQ1_0)
 
     def _torch_fit(self, w: torch.Tensor, method: str, levels: int, importance: torch.Tensor | None,
                    irls_iters: int, device: torch.device | str | None) -> TorchFit:
@@ -91,7 +92,7 @@ class TQCodec(Codec):
 
 
 class TQ2_0(TQCodec):
-    name: ClassVar[str] = "TQ2_0"
+    name: ClassVar[str] = GGMLTypeName.TQ2_0
 
     def raw_codes(self, blocks: U8Array) -> U8Array:
         planes = blocks[:, :64].reshape(-1, 2, 1, 32) >> _PLANE_SHIFTS
@@ -117,7 +118,7 @@ def _read_trits(b: npt.NDArray[np.uint8], powers: npt.NDArray[np.uint8]) -> npt.
 
 
 class TQ1_0(TQCodec):
-    name: ClassVar[str] = "TQ1_0"
+    name: ClassVar[str] = GGMLTypeName.TQ1_0
 
     def raw_codes(self, blocks: U8Array) -> U8Array:
         n = blocks.shape[0]
