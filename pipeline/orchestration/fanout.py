@@ -86,7 +86,7 @@ def settle_parent(session: Session, store: Any, parent_id: int, max_attempts: in
         return JoinOutcome()
     retry, fatal, is_retried_elsewhere = [], None, False
     for child in children:
-        if child.status in (StageState.SUCCEEDED, StageState.SKIPPED_CACHED):
+        if child.status.is_done:
             continue
         if child.error_kind == "retryable" and child.attempt < max_attempts:
             again = repo.retry_attempt(session, child)
