@@ -76,6 +76,40 @@ def _fit_ternary(
                             irls_iters=recipe.irls_iters, device=device, out=out, levels=levels), note
 
 
+def _encode_plain_rows(
+    weight: torch.Tensor, ggml_type: str, importance: npt.NDArray[np.float32] | None,
+) -> tuple[npt.NDArray[np.uint8], float, float, bool]:
+    """(bytes, squared error, sum w^2, decodes exactly) of ``weight`` in a plain type, by blocks of rows.
+
+    Every plain type encodes rows independently, so encoding row blocks gives the whole tensor's
+    bytes; only one block is ever widened to float32 and decoded, so the peak stays near the
+    stored tensor plus its bytes (the whole-tensor way held four float32 copies of it).
+    """
+    shape = tuple(weight.shape)
+    if len(shape) < 2:
+        w32 = weight.to(torch.float32)  # a norm or a bias: small
+        raw = encode_plain(w32, ggml_type, importance)
+        back = torch.from_numpy(decode_bytes(raw, ggml_type, shape))
+        return (raw, float(((w32 - back) ** 2).sum(dtype=torch.float64)),
+                float((w32 * w32).sum(dtype=torch.float64)), bool(torch.equal(w32, back)))
+    rows = weight.reshape(-1, shape[-1])
+    row_bytes = tensor_nbytes(ggml_type, (1, shape[-1]))
+    raw = np.empty(rows.shape[0] * row_bytes, np.uint8)
+    step = max(1, _PLAIN_BLOCK_WEIGHTS // max(shape[-1], 1))
+    sq_error = sq_norm = 0.0
+    exact = True
+    for r0 in range(0, rows.shape[0], step):
+        block = rows[r0:r0 + step].to(torch.float32)  # 16-bit sources arrive as stored
+        part = encode_plain(block, ggml_type, importance)
+        raw[r0 * row_bytes:r0 * row_bytes + part.size] = part
+        back = torch.from_numpy(decode_bytes(part, ggml_type, tuple(block.shape)))
+        exact = exact and bool(torch.equal(block, back))
+        back.sub_(block)
+        sq_error += float((back * back).sum(dtype=torch.float64))
+        sq_norm += float((block * block).sum(dtype=torch.float64))
+    return raw, sq_error, sq_norm, exact
+
+
 def _encode(
     name: str, weight: torch.Tensor, decision: TensorDecision, recipe: Recipe, device: torch.device,
     out: npt.NDArray[np.uint8] | None = None, calibration: CalibrationInputs | None = None,
@@ -97,22 +131,18 @@ def _encode(
         exact = sq_error == 0.0 and decodes_exactly(raw, decision.ggml_type, weight)
         exact_in = None if exact else _finer_exact_type(weight, decision.ggml_type, device)
     else:
-        weight = weight.to(torch.float32)  # 16-bit sources arrive as stored
         # llama.cpp's quants weigh their rounding by the imatrix, as llama-quantize does.
         weights = calibration.importance(name, shape[-1]) if (
             calibration is not None and decision.ggml_type in LLAMA_QUANT_TYPES and len(shape) == 2) else None
         try:
-            raw = encode_plain(weight, decision.ggml_type, weights.numpy() if weights is not None else None)
+            raw, sq_error, sq_norm, exact = _encode_plain_rows(
+                weight, decision.ggml_type, weights.numpy() if weights is not None else None)
         except ValueError as exc:
             raise InputError(
                 f"{name}: cannot store as {decision.ggml_type}: {exc}; choose another type for it "
                 "(recipe options embed_type / output_type / fallback_type)"
             ) from exc
-        back = torch.from_numpy(decode_bytes(raw, decision.ggml_type, shape))
-        exact = bool(torch.equal(weight, back))
         exact_in = None
-        sq_error = float(((weight - back) ** 2).sum(dtype=torch.float64))
-        sq_norm = float((weight * weight).sum(dtype=torch.float64))
         rel = (sq_error / sq_norm) ** 0.5 if sq_norm > 0 else 0.0
         sparsity, absmean_rel, absmean_sq, n_zero = None, None, None, 0
     line = TensorReport(
@@ -127,6 +157,7 @@ def _encode(
 
 
 # One scale per 256 inputs -> Q2_0's one per 64.
+_PLAIN_BLOCK_WEIGHTS = 1 << 22  # rows encoded and checked at a time: ~16 MB of float32
 _FINER: dict[str, str] = {GGMLTypeName.TQ2_0: GGMLTypeName.Q2_0, GGMLTypeName.TQ1_0: GGMLTypeName.Q2_0}
 _PEEK_ROWS = 16
 
