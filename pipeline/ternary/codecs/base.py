@@ -87,6 +87,7 @@ class Codec(ABC):
 
     scale_first: ClassVar[bool]  # where a block's fp16 ``d`` sits: first (Q2_0, Q1_0) or last (TQ)
     code_range: ClassVar[tuple[int, int]]  # the codes `pack` takes, lowest and highest
+    code_error: ClassVar[str]  # what `pack` says of a code it cannot store
 
     @abstractmethod
     def raw_codes(self, blocks: U8Array) -> U8Array:
@@ -115,8 +116,6 @@ class Codec(ABC):
         if c.size and (c.min() < low or c.max() > high or not self._codes_valid(c)):
             raise ValueError(self.code_error)
         return self.assemble(self._to_raw(c), fp16_scale_bytes(scales, c.shape[0]))
-
-    code_error: ClassVar[str]  # what `pack` says of a code it cannot store
 
     def _codes_valid(self, codes: npt.NDArray[np.int16]) -> bool:
         return True
