@@ -1,9 +1,9 @@
-"""The compiled CPU kernel behind the Q2_0 / Q1_0 codecs (numba; see `codecs.q` for the method).
+"""Q2_0/Q1_0 numba kernel, a file of its own: numba's disk cache follows the file that defines it.
 
-Its own file, apart from the TQ kernel, because numba's on-disk cache follows the file that
-holds a cached function: an edit to the other kernel leaves this one's cache valid. The sorting
-paths live in `_kernel_q_sorted` and the vector steps in `_kernel_ir`; `_kernel_stamp` adds
-both to this file's cache stamp.
+The compiled CPU pass behind the Q codecs (`codecs.q` explains the method). An edit to the TQ
+kernel leaves this one's cache valid. The sorting paths live in `_kernel_q_sorted`, the vector
+steps in `_kernel_ir` and the sums in `_kernel_sums`; `_kernel_stamp` adds all three to this
+file's cache stamp.
 
 Speed notes (a 64-weight block leaves little to amortise a call over): orchestration
 functions are inlined at numba's level (``inline="always"``), but never the ``fastmath``

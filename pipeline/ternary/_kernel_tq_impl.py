@@ -1,8 +1,8 @@
-"""The compiled CPU kernel behind the TQ2_0 / TQ1_0 codecs (numba; see `kernel` for the method).
+"""TQ2_0/TQ1_0 numba kernel, a file of its own: numba's disk cache follows the file that defines it.
 
-Its own file, apart from the Q2_0 / Q1_0 kernel, because numba's on-disk cache follows the file
-that holds a cached function: an edit to the other kernel leaves this one's cache valid. The
-vector steps it inlines live in `_kernel_ir`, which `_kernel_stamp` adds to its cache stamp.
+The compiled CPU pass behind the TQ codecs (`codecs.tq` explains the method). An edit to the
+Q2_0 / Q1_0 kernel leaves this one's cache valid; the vector steps and sums it inlines live in
+`_kernel_ir` and `_kernel_sums`, which `_kernel_stamp` adds to its cache stamp.
 
 Sums flagged ``fastmath`` (reassociation, so they vectorise) are only ones whose result does
 not depend on the order of addition: float64 sums of float32 values within a factor 2^21 of
