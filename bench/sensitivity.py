@@ -21,7 +21,8 @@ each group. The job then goes on (search, package, validate) as usual.
     .venv/bin/python bench/sensitivity.py [--workdir DIR] [--depth 2] [--positions 1024]
 
 Last line: ``sensitivity: groups=… points=… spearman=… spearman_depth1=… spearman_per_byte=…
-base_kl=… seconds=…``. Target (issue 28): spearman >= 0.9 for the proxy to stand in for the
+spearman_within_kind_median=… base_kl=… seconds=…`` (within kind: the correlation over one matrix
+kind's steps, the median over kinds). Target (issue 28): spearman >= 0.9 for the proxy to stand in for the
 measurement; below that, the allocator needs the measured sensitivity itself.
 """
 
@@ -134,10 +135,12 @@ def measure_steps(ctx: Any, weighted: bool, depth: int, positions: int) -> tuple
     print(f"base: KL {base_kl:.5f}, top-1 {base_top1:.4f}", flush=True)
     steps = []
     for group, names in _groups(list(rungs)).items():
+        previous = dict.fromkeys(names, -1)
         for d in range(1, depth + 1):
             lowered = {n: hulls[n][max(0, hulls[n].index(base[n]) - d)] for n in names}
-            if all(lowered[n] == base[n] for n in names):
-                continue
+            if lowered == previous or all(lowered[n] == base[n] for n in names):
+                continue  # the hull ends above this depth: no new step
+            previous = lowered
             proxy = sum(rungs[n][lowered[n]].cost - rungs[n][base[n]].cost for n in names)
             saved = sum(rungs[n][base[n]].n_bytes - rungs[n][lowered[n]].n_bytes for n in names)
             kl, top1 = score({**base, **lowered})
@@ -185,12 +188,18 @@ def main(argv: list[str] | None = None) -> int:
     steps: list[Step] = found["steps"]
     first = [s for s in steps if s.depth == 1]
     per_byte = spearman([s.proxy / s.saved_bytes for s in steps], [s.kl_rise / s.saved_bytes for s in steps])
+    kinds: dict[str, list[Step]] = {}
+    for s in steps:
+        kinds.setdefault(s.group.split("[")[0], []).append(s)
+    within = sorted(spearman([s.proxy for s in kind], [s.kl_rise for s in kind])
+                    for kind in kinds.values() if len(kind) >= 3)
     figures = {
         "groups": len({s.group for s in steps}),
         "points": len(steps),
         "spearman": f"{spearman([s.proxy for s in steps], [s.kl_rise for s in steps]):.3f}",
         "spearman_depth1": f"{spearman([s.proxy for s in first], [s.kl_rise for s in first]):.3f}",
         "spearman_per_byte": f"{per_byte:.3f}",
+        "spearman_within_kind_median": f"{within[len(within) // 2]:.3f}" if within else "nan",
         "base_kl": f"{found['base_kl']:.5f}",
         "seconds": f"{time.monotonic() - started:.0f}",
     }
