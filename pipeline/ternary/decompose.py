@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.ternary.codecs.base import ratio
+from pipeline.ternary.codecs.base import ratio, rows_per_block
 from pipeline.ternary.fit import (
     UniformFit,
     absmean_sq_error,
@@ -37,7 +37,6 @@ __all__ = [
 # The torch fits by method; the TQ codecs declare the same names (a unit test holds them equal).
 _FITS = {"optimal": fit_optimal, "absmean": fit_absmean, "absmax": fit_absmax}
 METHODS = tuple(_FITS)
-_TARGET_CHUNK_WEIGHTS = 1 << 22  # ~4M weights: ~100 MB of temporaries on the sort path
 
 
 @dataclass(frozen=True)
@@ -162,7 +161,7 @@ def decompose_matrix(
         raise ValueError(f"row length {cols} is not a multiple of the block size {block_size}")
     dev = torch.device(device) if device is not None else w.device
     n_per_row = cols // block_size
-    step = chunk_rows or max(1, _TARGET_CHUNK_WEIGHTS // max(cols, 1))
+    step = chunk_rows or rows_per_block(cols)
     imp_row = None
     if importance is not None:
         if importance.shape != (cols,):

@@ -28,6 +28,7 @@ from pipeline.formats.rawio import pread_exact
 from pipeline.stages.decompose.calibration import CalibrationInputs
 from pipeline.stages.decompose.repack import TERNARY_SOURCE_TYPES, repack
 from pipeline.ternary.codecs import decompose_packed
+from pipeline.ternary.codecs.base import rows_per_block
 from pipeline.ternary.exactness import decodes_exactly
 from pipeline.ternary.pack import PART_TYPES, bits_per_weight, decode_bytes, encode_plain, tensor_nbytes
 from pipeline.ternary.packed import PackedMatrix
@@ -85,17 +86,11 @@ def _encode_plain_rows(
     bytes; only one block is ever widened to float32 and decoded, so the peak stays near the
     stored tensor plus its bytes (the whole-tensor way held four float32 copies of it).
     """
-    shape = tuple(weight.shape)
-    if len(shape) < 2:
-        w32 = weight.to(torch.float32)  # a norm or a bias: small
-        raw = encode_plain(w32, ggml_type, importance)
-        back = torch.from_numpy(decode_bytes(raw, ggml_type, shape))
-        return (raw, float(((w32 - back) ** 2).sum(dtype=torch.float64)),
-                float((w32 * w32).sum(dtype=torch.float64)), bool(torch.equal(w32, back)))
-    rows = weight.reshape(-1, shape[-1])
-    row_bytes = tensor_nbytes(ggml_type, (1, shape[-1]))
+    cols = int(weight.shape[-1]) if weight.dim() else 1
+    rows = weight.reshape(-1, cols)  # a norm or a bias is one row
+    row_bytes = tensor_nbytes(ggml_type, (1, cols))
     raw = np.empty(rows.shape[0] * row_bytes, np.uint8)
-    step = max(1, _PLAIN_BLOCK_WEIGHTS // max(shape[-1], 1))
+    step = rows_per_block(cols)
     sq_error = sq_norm = 0.0
     exact = True
     for r0 in range(0, rows.shape[0], step):
@@ -157,7 +152,6 @@ def _encode(
 
 
 # One scale per 256 inputs -> Q2_0's one per 64.
-_PLAIN_BLOCK_WEIGHTS = 1 << 22  # rows encoded and checked at a time: ~16 MB of float32
 _FINER: dict[str, str] = {GGMLTypeName.TQ2_0: GGMLTypeName.Q2_0, GGMLTypeName.TQ1_0: GGMLTypeName.Q2_0}
 _PEEK_ROWS = 16
 

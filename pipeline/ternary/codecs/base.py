@@ -26,7 +26,7 @@ from pipeline.ternary.packed import PackedMatrix
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Codec", "TorchFit", "as_numpy", "ratio", "U8Array"]
+__all__ = ["Codec", "TorchFit", "as_numpy", "ratio", "rows_per_block", "U8Array"]
 
 U8Array = npt.NDArray[np.uint8]
 # The torch path's result: bytes, squared error, the absmean baseline's squared error, sum w^2, zeros.
@@ -43,6 +43,16 @@ def as_numpy(values: npt.ArrayLike | torch.Tensor, *, float32: bool = False) -> 
             tensor = tensor.to(torch_module.float32)
         return np.asarray(tensor.cpu().numpy())
     return np.asarray(values)
+
+
+_BLOCK_WEIGHTS = 1 << 22  # ~4M weights (16 MB of float32) per block of rows worked on at once
+
+
+def rows_per_block(cols: int) -> int:
+    """Rows of ``cols`` weights handled at once where a matrix is worked on a block of rows at a time:
+    the torch fits' chunks, a plain type's encode and check. Bounds the temporaries at a few
+    times 16 MB whatever the matrix's size."""
+    return max(1, _BLOCK_WEIGHTS // max(cols, 1))
 
 
 def ratio(num: float, den: float) -> float:

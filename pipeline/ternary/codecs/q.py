@@ -56,14 +56,13 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline.formats.gguf.types import GGMLTypeName
-from pipeline.ternary.codecs.base import Codec, TorchFit, U8Array
+from pipeline.ternary.codecs.base import Codec, TorchFit, U8Array, rows_per_block
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["QCodec", "Q2_0", "Q1_0"]
 
-_TARGET_CHUNK_WEIGHTS = 1 << 22  # rows per chunk of the torch path: ~4M weights
 _Q2_SHIFTS = np.array([0, 2, 4, 6], dtype=np.uint8)
 _Q1_SHIFTS = np.arange(8, dtype=np.uint8)
 
@@ -103,7 +102,7 @@ class QCodec(Codec):
 
         rows, cols = w.shape
         dev = torch.device(device) if device is not None else w.device
-        step = max(1, _TARGET_CHUNK_WEIGHTS // max(cols, 1))
+        step = rows_per_block(cols)
         imp_row = None
         if importance is not None:
             imp_row = importance.to(dev, torch.float32).reshape(1, cols // self.block_size, self.block_size)
