@@ -14,6 +14,7 @@ file alone.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from typing import Any
@@ -38,9 +39,17 @@ def depends_on(module_file: str, *helpers: str) -> None:
 def _digest(paths: tuple[str, ...]) -> str:
     h = hashlib.sha256()
     for path in paths:
-        with open(path, "rb") as f:
-            h.update(hashlib.sha256(f.read()).digest())
+        st = os.stat(path)
+        h.update(_file_digest(path, st.st_mtime_ns, st.st_size))
     return h.hexdigest()
+
+
+@functools.cache
+def _file_digest(path: str, mtime_ns: int, size: int) -> bytes:
+    """A helper file's hash, read once per process while the file is unchanged (every cached function
+    of a kernel asks for its stamp as the module loads: dozens of times)."""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).digest()
 
 
 def _install() -> None:
