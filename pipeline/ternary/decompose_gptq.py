@@ -20,7 +20,6 @@ import torch
 
 from pipeline.formats.gguf.types import GGMLTypeName
 from pipeline.ternary.codecs.base import ratio
-from pipeline.ternary.fit import fit_absmean
 from pipeline.ternary.gptq import LAYOUTS, dequantize, gptq_fit
 from pipeline.ternary.packed import PackedMatrix
 
@@ -38,10 +37,10 @@ def layout_name(ggml_type: str, levels: int = 3) -> str:
 
 
 def _baseline_sq_error(w: torch.Tensor, ggml_type: str, block_size: int) -> float:
-    from pipeline.ternary import fit_q
+    from pipeline.ternary.codecs import codec_for
 
     blocks = w.reshape(-1, block_size)
-    codes, scales = fit_q.fit_q1_0_absmean(blocks) if ggml_type == GGMLTypeName.Q1_0 else fit_absmean(blocks)
+    codes, scales = codec_for(ggml_type).baseline(blocks)
     approx = codes.to(torch.float64) * scales.to(torch.float64)[:, None]
     return float(((blocks.double() - approx) ** 2).sum())
 

@@ -239,6 +239,13 @@ class Codec(ABC):
 
     # A whole matrix.
 
+    def baseline(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The absmean fit of this layout, the reports' baseline: BitNet's ``d`` = mean |w| on ternary
+        levels (Q1_0 overrides it with llama.cpp's own rule)."""
+        from pipeline.ternary.fit import fit_absmean
+
+        return fit_absmean(blocks)
+
     @abstractmethod
     def _torch_fit(self, w: torch.Tensor, method: str, levels: int, importance: torch.Tensor | None,
                    irls_iters: int, device: torch.device | str | None) -> TorchFit:

@@ -90,10 +90,6 @@ class QCodec(Codec):
              importance: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """One chunk's levels and fp16-exact scales by ``method`` (torch)."""
 
-    @abstractmethod
-    def _baseline(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The absmean fit of this layout: the report's baseline."""
-
     def _torch_fit(self, w: torch.Tensor, method: str, levels: int, importance: torch.Tensor | None,
                    irls_iters: int, device: torch.device | str | None) -> TorchFit:
         import torch
@@ -114,7 +110,7 @@ class QCodec(Codec):
             blocks = w[r0:r1].to(dev, torch.float32).reshape(-1, self.block_size)
             imp = None if imp_row is None else imp_row.expand(r1 - r0, -1, -1).reshape(-1, self.block_size)
             codes, scales = self._fit(blocks, method, levels, imp)
-            base_codes, base_scales = self._baseline(blocks)
+            base_codes, base_scales = self.baseline(blocks)
             exact = blocks.double()
             sq_error += block_sq_error(exact, codes, scales.double()).sum().item()
             absmean_sq += block_sq_error(exact, base_codes, base_scales.double()).sum().item()
@@ -158,10 +154,6 @@ class Q2_0(QCodec):
             return fit_q.fit_q2_0_absmax(blocks)
         return fit_absmean(blocks)
 
-    def _baseline(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        from pipeline.ternary.fit import fit_absmean
-
-        return fit_absmean(blocks)
 
 
 class Q1_0(QCodec):
@@ -196,7 +188,7 @@ class Q1_0(QCodec):
             return fit_q.fit_q1_0(blocks, importance)
         return fit_q.fit_q1_0_absmean(blocks)
 
-    def _baseline(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def baseline(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         from pipeline.ternary import fit_q
 
         return fit_q.fit_q1_0_absmean(blocks)
