@@ -12,7 +12,8 @@ parameters). On each, in the same run:
   whole process tree (the convert process and every child it starts) every 50 ms; each stage's
   peak is the highest sample inside that stage's start and end (`bonsai show --json`), so a stage
   that ran beside another shares its samples (``--stage-threads 1`` runs one stage at a time, for
-  each stage's own peak);
+  each stage's own peak); with ``--runs`` above 1, every time and peak shown is the median over
+  the runs;
 - the store's size after the job, and after ``bonsai pin`` of the GGUF and ``bonsai gc``.
 
 A ternary fit of random Gaussian weights predicts nothing like its source, so the lossy jobs fail
@@ -217,6 +218,19 @@ def bonsai_job(ckpt: Path, home: Path, lossy: bool, stage_threads: int) -> dict[
     }
 
 
+def median_job(jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The last run's job with every peak and stage time the median over ``jobs`` (a stage's peak
+    in one run swings with what else the process held in that instant: a warm-up, a freed heap)."""
+    last = jobs[-1]
+    stages = {}
+    for name, stage in last["stages"].items():
+        runs = [job["stages"].get(name, {}) for job in jobs]
+        stages[name] = {**stage, **{key: statistics.median(run[key] for run in runs if key in run)
+                                    for key in ("seconds", "peak_rss") if key in stage}}
+    peaks = [job["peak_rss"] for job in jobs]
+    return {**last, "stages": stages, "peak_rss": statistics.median(peaks), "peak_rss_runs": peaks}
+
+
 def reference_agreement(work: Path) -> dict[str, float]:
     """The torch engine's logits scored against the llama engine's reference, on the 379M checkpoint."""
     import numpy as np
@@ -324,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                         "llama_rss": max(r["peak_rss"] for r in llamas),
                         "bonsai_s": statistics.median(r["wall_s"] for r in ours),
                         "bonsai_runs": [round(r["wall_s"], 1) for r in ours],
-                        "job": ours[-1],
+                        "job": median_job(ours),
                     }
                     rows.append(row)
                     _print_row(row)
@@ -348,7 +362,8 @@ def _print_row(row: dict[str, Any]) -> None:
     print(
         f"{row['size']}B {row['kind']} ({row['params'] / 1e9:.2f}B params): llama.cpp {row['llama_s']:.1f} s "
         f"peak {_gb(row['llama_rss'])} GB; bonsai {row['bonsai_s']:.1f} s (runs {row['bonsai_runs']}) peak "
-        f"{_gb(job['peak_rss'])} GB, job {job['status']}; store {_gb(job['store'])} GB, after gc "
+        f"{_gb(job['peak_rss'])} GB (runs {[_gb(p) for p in job['peak_rss_runs']]}), job {job['status']}; "
+        f"store {_gb(job['store'])} GB, after gc "
         f"{_gb(job['store_after_gc'])} GB; {stages}",
         flush=True,
     )

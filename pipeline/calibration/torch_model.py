@@ -243,8 +243,17 @@ def _product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     product only."""
     if weight.dtype == torch.float32:
         return x @ weight.T
-    step = max(1, _WIDEN_ELEMENTS // weight.shape[1])
-    return torch.cat([x @ weight[i : i + step].float().T for i in range(0, weight.shape[0], step)], dim=1)
+    rows, cols = weight.shape
+    step = max(1, _WIDEN_ELEMENTS // cols)
+    # One widening buffer and the output allocated up front: slices allocated and freed in turn
+    # leave the allocator's heap holding their high-water mark long after the product.
+    wide = torch.empty((min(step, rows), cols), dtype=torch.float32, device=x.device)
+    out = torch.empty((rows, x.shape[0]), dtype=torch.float32, device=x.device)
+    for i in range(0, rows, step):
+        n = min(step, rows - i)
+        wide[:n].copy_(weight[i : i + n])
+        torch.matmul(wide[:n], x.T, out=out[i : i + n])
+    return out.T
 
 
 def _linear(spec: ModelSpec, w: Mapping[str, torch.Tensor], kind: str, x: torch.Tensor) -> torch.Tensor:
