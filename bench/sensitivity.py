@@ -1,29 +1,30 @@
-"""Sensitivity: does auto's cost proxy rank group steps the way llama.cpp's measured KL does? (issue 28)
+"""Sensitivity: measured rung costs against the proxy, and the allocations each gives (issue 28).
 
-On Gemma 3 270M (the PyPI GGUF, as bench/fidelity.py), inside one `auto` job's decompose stage
-(run with ``min_top1`` so that calibrate's reference of the calibration text is there and every
-rung's bytes are kept, exactly as the quality search has them):
+On Gemma 3 270M (the PyPI GGUF, as bench/fidelity.py), inside one ``auto --option
+sensitivity=measured`` job's decompose stage, where every rung's bytes are kept:
 
-- base: every candidate tensor on the dearest rung of its hull (the high-precision end);
-- a group is one matrix kind over a third of the layers (7 kinds x 3 spans), or the token
-  embedding; for each group and each depth d in 1..``--depth``, the file with that group's
-  tensors d hull rungs below the base and everything else on the base;
-- every file is written by the package stage's writer (`stages.gguf_build`) and run by llama.cpp
-  over the first ``--positions`` positions of the calibration text, scored against the source's
-  reference: mean KL(source || file) and top-1, as the search scores its trials;
-- the proxy of a step is what the allocator ranks by: the sum over the group's tensors of the
-  rung cost increase (`auto._cost`, importance-weighted when calibrate made an imatrix).
+- the stage measures its sensitivity (`stages.decompose.sensitivity`): the base file (every
+  candidate on the top of its hull), then one file per group (a matrix kind over a third of the
+  layers, or the embedding) and hull depth, each run by llama.cpp over the first ``--positions``
+  positions of the calibration text and scored against the source's reference;
+- the bench prints every step (bytes saved, the proxy's cost rise, the measured KL rise) and the
+  Spearman rank correlation between proxy and measurement: over all steps, over each group's first
+  step, per byte saved, and within one matrix kind (the median over kinds);
+- then, for every ``target_bpw`` of ``--sweep``, the allocation on the proxy's costs and the one
+  on the measured costs are written (package's writer, from the kept bytes) and scored on
+  bench/fidelity.py's held-out text (which no calibration saw): top-1 and KL against the source's
+  own logits; the measured allocation also on the calibration text, beside its predicted KL (base
+  KL plus its rungs' measured costs: how far the groups' rises add up).
 
-It prints one row per step (bytes saved, proxy, measured KL rise, top-1) and the Spearman rank
-correlation between the proxy and the measured rise, over all steps and over the first step of
-each group. The job then goes on (search, package, validate) as usual.
-
-    .venv/bin/python bench/sensitivity.py [--workdir DIR] [--depth 2] [--positions 1024]
+    .venv/bin/python bench/sensitivity.py [--workdir DIR] [--positions 512] [--sweep 4.0:6.0:0.2]
 
 Last line: ``sensitivity: groups=… points=… spearman=… spearman_depth1=… spearman_per_byte=…
-spearman_within_kind_median=… base_kl=… seconds=…`` (within kind: the correlation over one matrix
-kind's steps, the median over kinds). Target (issue 28): spearman >= 0.9 for the proxy to stand in for the
-measurement; below that, the allocator needs the measured sensitivity itself.
+spearman_within_kind_median=… base_kl=… measure_files=… measure_s=… proxy_violations=…
+measured_violations=… measured_better=… predicted_error_median=… seconds=…`` (violations: sweep
+budgets whose held-out KL is more than 0.02 above the budget before; measured_better: budgets
+where the measured allocation's held-out KL is the lower; predicted_error: |predicted - measured|
+KL on the calibration text over the measured KL). Targets (issue 28): spearman >= 0.9 for the proxy
+to stand in for the measurement; otherwise the measured costs, with no violation.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,19 +42,7 @@ _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from bench.fidelity import _gemma, _threads  # noqa: E402
-
-_SPANS = 3
-
-
-@dataclass(frozen=True)
-class Step:
-    group: str
-    depth: int
-    saved_bytes: int
-    proxy: float
-    kl_rise: float
-    top1: float
+from bench.fidelity import _N_CTX, HELD_OUT, _check_held_out, _gemma, _sweep_targets, _threads  # noqa: E402
 
 
 def ranks(values: list[float]) -> list[float]:
@@ -83,112 +72,127 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return cov / (vx * vy) ** 0.5 if vx and vy else float("nan")
 
 
-def _groups(names: list[str]) -> dict[str, list[str]]:
-    layers = sorted({int(n.split(".")[1]) for n in names if n.startswith("blk.")})
-    span = max(1, -(-len(layers) // _SPANS))
-    groups: dict[str, list[str]] = {}
-    for name in names:
-        if name.startswith("blk."):
-            index, kind = int(name.split(".")[1]), name.split(".")[2]
-            first = layers[0] + (index - layers[0]) // span * span
-            key = f"{kind}[{first}-{min(first + span, layers[-1] + 1) - 1}]"
-        else:
-            key = name.removesuffix(".weight")
-        groups.setdefault(key, []).append(name)
-    return dict(sorted(groups.items()))
+def _score_held_out(path: Path, ids: list[int], source_logits: Any) -> tuple[float, float]:
+    """(top-1, mean KL) of the file at ``path`` against the source's logits over ``ids``."""
+    import numpy as np
+
+    from pipeline.calibration.llama_session import LlamaSession
+    from pipeline.calibration.predictions import agreement_stats
+
+    with LlamaSession(path, n_ctx=_N_CTX, n_threads=_threads()) as session:
+        logits = np.array(session.logits(ids))
+    stats = agreement_stats(source_logits, logits, ids)
+    return stats.top1_agreement, stats.mean_kl
 
 
-def measure_steps(ctx: Any, weighted: bool, depth: int, positions: int) -> tuple[float, list[Step]]:
-    """(the base file's KL, every group step) for one decompose stage's search inputs."""
-    from pipeline.calibration.agreement import score_gguf
-    from pipeline.calibration.answers import CALIBRATION
+@dataclass
+class Point:
+    """One budget of the sweep under one cost model."""
+
+    bpw: float
+    size: int
+    top1: float
+    kl: float
+    chosen: dict[str, int]
+    calibration_kl: float = float("nan")
+    predicted_kl: float = float("nan")
+
+
+def sweep(ctx: Any, measured_ctx: Any, summary: Any, weighted: bool, targets: list[float],
+          held_out: tuple[list[int], Any], positions: int) -> dict[str, list[Point]]:
+    """Both allocations at every target, scored on the held-out text (the measured one also on the
+    calibration text, beside its prediction)."""
     from pipeline.stages.decompose.auto import choose
-    from pipeline.stages.decompose.search import _assemble
-    from pipeline.ternary.allocate import hull
-    from pipeline.ternary.policy import TensorDecision
+    from pipeline.stages.decompose.search import _assemble, score_allocation
 
-    rungs = ctx.candidates.rungs
-    top = choose(ctx.candidates, ctx.plan, ctx.recipe, 1e6, weighted)  # every upgrade bought
-    hulls = {name: hull(r) for name, r in rungs.items()}
-    base = {name: h[-1] for name, h in hulls.items()}
-    counter = [0]
-
-    def score(chosen: dict[str, int]) -> tuple[float, float]:
-        decisions = dict(top.decisions)
-        for name, index in chosen.items():
-            rung = rungs[name][index]
-            decisions[name] = TensorDecision(rung.ggml_type, rung.ggml_type == "Q2_0",
-                                             f"{name}: sensitivity {rung.label}", levels=rung.levels)
-        counter[0] += 1
-        folder = ctx.workdir / f".sensitivity-{counter[0]}"
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
-        try:
-            path = _assemble(ctx, replace(top, decisions=decisions), folder)
-            stats = score_gguf(path, ctx.reference, names=[CALIBRATION], n_threads=_threads(),
-                               max_positions=positions).stats
-        finally:
+    out: dict[str, list[Point]] = {"proxy": [], "measured": []}
+    for bpw in targets:
+        for model, here, sens in (("proxy", ctx, None), ("measured", measured_ctx, summary)):
+            allocation = choose(here.candidates, here.plan, here.recipe, bpw, weighted, sens)
+            folder = ctx.workdir / f".sweep-{model}-{bpw}"
             shutil.rmtree(folder, ignore_errors=True)
-        return stats.mean_kl, stats.top1_agreement
+            folder.mkdir(parents=True)
+            try:
+                path = _assemble(here, allocation, folder)
+                top1, kl = _score_held_out(path, *held_out)
+                point = Point(bpw, path.stat().st_size, top1, kl,
+                              {n: c.chosen for n, c in allocation.summary.candidates.items()})
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+            if sens is not None:
+                _, stats = score_allocation(here, allocation, f"sweep-calibration-{bpw}", positions)
+                point.calibration_kl, point.predicted_kl = stats.mean_kl, allocation.summary.predicted_kl
+            out[model].append(point)
+            print(f"  {model:8s} {bpw:4.1f} bpw: {point.size / 1e6:6.1f} MB, held-out top-1 {top1:.3f} "
+                  f"KL {kl:.4f}"
+                  + (f"; calibration KL {point.calibration_kl:.4f} predicted {point.predicted_kl:.4f}"
+                     if sens is not None else ""), flush=True)
+    return out
 
-    base_kl, base_top1 = score(base)
-    print(f"base: KL {base_kl:.5f}, top-1 {base_top1:.4f}", flush=True)
-    steps = []
-    for group, names in _groups(list(rungs)).items():
-        previous = dict.fromkeys(names, -1)
-        for d in range(1, depth + 1):
-            lowered = {n: hulls[n][max(0, hulls[n].index(base[n]) - d)] for n in names}
-            if lowered == previous or all(lowered[n] == base[n] for n in names):
-                continue  # the hull ends above this depth: no new step
-            previous = lowered
-            proxy = sum(rungs[n][lowered[n]].cost - rungs[n][base[n]].cost for n in names)
-            saved = sum(rungs[n][base[n]].n_bytes - rungs[n][lowered[n]].n_bytes for n in names)
-            kl, top1 = score({**base, **lowered})
-            step = Step(group, d, saved, proxy, kl - base_kl, top1)
-            labels = sorted({rungs[n][lowered[n]].label for n in names})
-            print(f"  {group:22s} -{d} -> {','.join(labels):14s} saves {saved / 1e6:7.2f} MB  proxy "
-                  f"{proxy:11.4g}  KL +{step.kl_rise:.5f}  top-1 {top1:.4f}", flush=True)
-            steps.append(step)
-    return base_kl, steps
+
+def _violations(points: list[Point]) -> int:
+    return sum(1 for a, b in zip(points, points[1:], strict=False) if b.kl > a.kl + 0.02)
+
+
+def _rungs_down(points: list[Point]) -> int:
+    from pipeline.ternary.allocate import rung_rank
+
+    return sum(1 for a, b in zip(points, points[1:], strict=False) for n, label in b.chosen.items()
+               if rung_rank(str(label)) < rung_rank(str(a.chosen.get(n, label))))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--workdir", type=Path, default=None)
-    parser.add_argument("--depth", type=int, default=2, help="hull rungs below the base per group")
-    parser.add_argument("--positions", type=int, default=1024, help="calibration positions scored per file")
+    parser.add_argument("--positions", type=int, default=512, help="calibration positions scored per file")
+    parser.add_argument("--sweep", default="4.0:6.0:0.2", help="LO:HI:STEP target_bpw values ('' for none)")
     args = parser.parse_args(argv)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bonsai-sensitivity-"))
     work.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    _check_held_out()
 
+    import numpy as np
+
+    from pipeline.calibration.llama_session import LlamaSession
     from pipeline.core.settings import Settings
     from pipeline.db import repo
     from pipeline.db.session import session_scope
     from pipeline.orchestration.bootstrap import build_runtime
     from pipeline.orchestration.embedded import run_job
-    from pipeline.stages.decompose import search as search_module
+    from pipeline.stages.decompose import sensitivity as sensitivity_module
 
     source = _gemma(work)
+    with LlamaSession(source, n_ctx=_N_CTX, n_threads=_threads()) as session:
+        ids = session.tokenize(HELD_OUT)[:_N_CTX]
+        held_out = (ids, np.array(session.logits(ids)))
+    targets = _sweep_targets(args.sweep) if args.sweep else []
     found: dict[str, Any] = {}
-    real_search = search_module.search
+    real = sensitivity_module.measure_sensitivity
 
-    def measuring_search(ctx: Any, weighted: bool) -> Any:
-        found["base_kl"], found["steps"] = measure_steps(ctx, weighted, args.depth, args.positions)
-        return real_search(ctx, weighted)
+    def measuring(ctx: Any, weighted: bool, positions: int = 0) -> Any:
+        measured_ctx, summary = real(ctx, weighted, args.positions)
+        found["summary"] = summary
+        found["sweep"] = sweep(ctx, measured_ctx, summary, weighted, targets, held_out, args.positions)
+        return measured_ctx, summary
 
-    search_module.search = measuring_search  # the stage imports it when it searches
+    sensitivity_module.measure_sensitivity = measuring  # the stage imports it when it measures
     rt = build_runtime(Settings(home=work / "home"))
     with session_scope(rt.sessions) as session:
-        job_id = repo.create_job(session, str(source), "auto", {"min_top1": 0.6}).id
+        job_id = repo.create_job(session, str(source), "auto", {"sensitivity": "measured"}).id
     run_job(rt, job_id)
-    if "steps" not in found:
-        print("the decompose stage never searched: no steps measured", file=sys.stderr)
+    if "summary" not in found:
+        print("the decompose stage never measured its sensitivity", file=sys.stderr)
         return 1
-    steps: list[Step] = found["steps"]
+    summary = found["summary"]
+    steps = list(summary.steps)
+    for step in steps:
+        print(f"  {step.group:22s} -{step.depth} -> {','.join(step.types):14s} saves "
+              f"{step.saved_bytes / 1e6:7.2f} MB  proxy {step.proxy:11.4g}  KL +{step.kl_rise:.5f}  "
+              f"top-1 {step.top1:.4f}")
     first = [s for s in steps if s.depth == 1]
     per_byte = spearman([s.proxy / s.saved_bytes for s in steps], [s.kl_rise / s.saved_bytes for s in steps])
-    kinds: dict[str, list[Step]] = {}
+    kinds: dict[str, list[Any]] = {}
     for s in steps:
         kinds.setdefault(s.group.split("[")[0], []).append(s)
     within = sorted(spearman([s.proxy for s in kind], [s.kl_rise for s in kind])
@@ -200,9 +204,30 @@ def main(argv: list[str] | None = None) -> int:
         "spearman_depth1": f"{spearman([s.proxy for s in first], [s.kl_rise for s in first]):.3f}",
         "spearman_per_byte": f"{per_byte:.3f}",
         "spearman_within_kind_median": f"{within[len(within) // 2]:.3f}" if within else "nan",
-        "base_kl": f"{found['base_kl']:.5f}",
-        "seconds": f"{time.monotonic() - started:.0f}",
+        "base_kl": f"{summary.base_kl:.5f}",
+        "measure_files": summary.files,
+        "measure_s": f"{summary.seconds:.0f}",
     }
+    points = found["sweep"]
+    if targets:
+        print(f"\n{'target_bpw':>10} | {'proxy MB':>8} {'top-1':>6} {'KL':>7} | {'measured MB':>11} "
+              f"{'top-1':>6} {'KL':>7} {'calib KL':>8} {'predicted':>9}")
+        for a, b in zip(points["proxy"], points["measured"], strict=True):
+            print(f"{a.bpw:>10.1f} | {a.size / 1e6:8.1f} {a.top1:6.3f} {a.kl:7.4f} | {b.size / 1e6:11.1f} "
+                  f"{b.top1:6.3f} {b.kl:7.4f} {b.calibration_kl:8.4f} {b.predicted_kl:9.4f}")
+        errors = sorted(abs(b.predicted_kl - b.calibration_kl) / max(b.calibration_kl, 1e-9)
+                        for b in points["measured"])
+        figures.update({
+            "proxy_violations": _violations(points["proxy"]),
+            "measured_violations": _violations(points["measured"]),
+            "proxy_rungs_down": _rungs_down(points["proxy"]),
+            "measured_rungs_down": _rungs_down(points["measured"]),
+            "measured_better": sum(1 for a, b in zip(points["proxy"], points["measured"], strict=True)
+                                   if b.kl < a.kl),
+            "budgets": len(targets),
+            "predicted_error_median": f"{errors[len(errors) // 2]:.2f}",
+        })
+    figures["seconds"] = f"{time.monotonic() - started:.0f}"
     print("sensitivity: " + " ".join(f"{k}={v}" for k, v in figures.items()))
     return 0
 

@@ -24,7 +24,8 @@ from pipeline.formats.jsonfile import ShapeError, as_dataclass, load_json
 
 __all__ = [
     "REPORT_FORMAT", "REPORT_NAME", "TensorReport", "Aggregate", "Totals", "Fallback", "SearchTrial",
-    "SearchSummary", "RungCost", "CandidateSummary", "AllocationSummary", "ReportHeader", "DecomposeReport",
+    "SearchSummary", "SensitivityStep", "SensitivitySummary", "RungCost", "CandidateSummary",
+    "AllocationSummary", "ReportHeader", "DecomposeReport",
 ]
 
 REPORT_FORMAT = "decompose-report/1"
@@ -130,6 +131,8 @@ class SearchTrial:
     mean_kl: float
     meets: bool
     seconds: float
+    # With measured sensitivity: the KL the allocation should have if its steps' rises add up.
+    predicted_kl: float | None = None
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,34 @@ class CandidateSummary:
 
 
 @dataclass(frozen=True)
+class SensitivityStep:
+    """One measured step: a group lowered ``depth`` hull rungs below the base (to ``types``), the
+    bytes it saved, the proxy's cost rise for it and the KL it added over the base."""
+
+    group: str
+    depth: int
+    types: tuple[str, ...]
+    saved_bytes: int
+    proxy: float
+    kl_rise: float
+    top1: float
+
+
+@dataclass(frozen=True)
+class SensitivitySummary:
+    """Measured sensitivity (`ternary.sensitivity`): the base file's agreement, every step, and the
+    cost of measuring them (files run, seconds), on the first ``positions`` of ``scored_on``."""
+
+    scored_on: str
+    positions: int
+    base_kl: float
+    base_top1: float
+    files: int
+    seconds: float
+    steps: tuple[SensitivityStep, ...]
+
+
+@dataclass(frozen=True)
 class AllocationSummary:
     """The auto recipe's budget, what it spent, each candidate's choice, and the search if one ran."""
 
@@ -179,6 +210,9 @@ class AllocationSummary:
     weighted: bool
     candidates: Mapping[str, CandidateSummary]
     search: SearchSummary | None = None
+    # Rung costs are in nats of measured KL when this is set, the proxy's otherwise.
+    sensitivity: SensitivitySummary | None = None
+    predicted_kl: float | None = None
 
 
 @dataclass(frozen=True)

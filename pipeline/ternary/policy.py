@@ -44,6 +44,9 @@ METHODS = (*dict.fromkeys(method for codec in CODECS.values() for method in code
 HIGH_PRECISION = (GGMLTypeName.F16, GGMLTypeName.BF16, GGMLTypeName.F32, GGMLTypeName.Q8_0)
 FALLBACK_TYPES = (GGMLTypeName.F16, GGMLTypeName.BF16, GGMLTypeName.F32)
 _TARGET_BPW_RANGE = (1.5, 8.5)  # all ternary Q2_0 .. all Q8_0
+# The auto recipe's rung costs: the allocator's proxy, or the KL each group's step adds (`sensitivity`).
+PROXY, MEASURED = "proxy", "measured"
+SENSITIVITIES = (PROXY, MEASURED)
 _Q8_0_BLOCK = 32
 
 
@@ -80,11 +83,21 @@ class Recipe:
     max_kl: float = option(0.0, shown_default=None, low=0,
                            help="auto only: the smallest file whose mean KL from the source (nats) is "
                            "at most this; validate confirms")
+    sensitivity: str = option(PROXY, choices=SENSITIVITIES,
+                              help="auto only: what a rung costs: proxy (importance-weighted error) or "
+                              "measured (the KL each group's step adds in llama.cpp; about one file per "
+                              "group and rung)")
 
     @property
     def has_quality_target(self) -> bool:
         """Whether the smallest file meeting ``min_top1`` / ``max_kl`` is sought (decompose search)."""
         return self.min_top1 > 0.0 or self.max_kl > 0.0
+
+    @property
+    def reads_reference(self) -> bool:
+        """Whether decompose scores files against calibrate's reference of the source: a quality
+        target's search, or measured sensitivity."""
+        return self.has_quality_target or self.sensitivity == MEASURED
 
 
 @dataclass(frozen=True)
@@ -116,6 +129,7 @@ _LEVELS_RECIPES = ("q2_0",)
 
 _ALLOWED: dict[str, tuple[Any, ...]] = {
     "method": METHODS,
+    "sensitivity": SENSITIVITIES,
     "embed_type": HIGH_PRECISION,
     "output_type": HIGH_PRECISION,
     "fallback_type": FALLBACK_TYPES,
@@ -160,6 +174,9 @@ def get_recipe(name: str, options: Mapping[str, Any] | None = None) -> Recipe:
             value = float(value)
         elif key in ("min_top1", "max_kl"):
             value = _quality_target(name, key, value)
+        elif key == "sensitivity" and value == MEASURED and name != AUTO:
+            raise InputError(f"recipe option sensitivity={value!r} applies to recipe auto only, not "
+                             f"{name!r}; remove it or use --recipe auto")
         elif key == "method" and name == AUTO and value != "optimal":
             raise InputError(f"recipe option method={value!r} for recipe auto; its rungs are fitted with the "
                              "exact optimum (method=optimal): remove the option")
@@ -260,7 +277,7 @@ def reads_statistics(recipe: str, options: Mapping[str, Any]) -> bool:
     matrices (gptq), or the source reference (a quality target). Known when the job is planned; it
     decides whether calibrate must come before decompose."""
     made = get_recipe(recipe, options)
-    return importance_for(made.name, options) == "imatrix" or made.method == GPTQ or made.has_quality_target
+    return importance_for(made.name, options) == "imatrix" or made.method == GPTQ or made.reads_reference
 
 
 def importance_for(recipe: str, options: Mapping[str, Any]) -> str:

@@ -20,7 +20,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.formats.decompose_report import AllocationSummary, CandidateSummary, RungCost
+from pipeline.formats.decompose_report import (
+    AllocationSummary,
+    CandidateSummary,
+    RungCost,
+    SensitivitySummary,
+)
 from pipeline.formats.gguf.types import GGMLTypeName
 from pipeline.formats.model_card import ModelCard
 from pipeline.stages.decompose.calibration import CalibrationInputs
@@ -29,7 +34,8 @@ from pipeline.ternary.codecs import decompose_packed
 from pipeline.ternary.pack import decode_bytes, encode_plain, tensor_nbytes
 from pipeline.ternary.policy import LINEAR_KINDS, Recipe, TensorDecision, decide
 
-__all__ = ["Allocation", "Candidates", "RungBytes", "measure", "choose", "budget_of", "label_of"]
+__all__ = ["Allocation", "Candidates", "RungBytes", "measure", "choose", "allocation_of", "budget_of",
+           "label_of"]
 
 log = logging.getLogger(__name__)
 
@@ -166,16 +172,31 @@ def measure(
 
 
 def choose(
-    candidates: Candidates, plan: list[Any], recipe: Recipe, bpw: float, weighted: bool
+    candidates: Candidates, plan: list[Any], recipe: Recipe, bpw: float, weighted: bool,
+    sensitivity: SensitivitySummary | None = None,
 ) -> Allocation:
     """Decisions for every planned tensor with the candidates' types picked within ``bpw`` bits per
-    weight over them."""
+    weight over them. ``sensitivity``: the candidates' costs are measured KL (`measured_rungs`)."""
+    budget = budget_of(candidates, bpw)
+    return allocation_of(candidates, plan, recipe, allocate(candidates.rungs, budget), bpw, weighted,
+                         sensitivity)
+
+
+def allocation_of(
+    candidates: Candidates, plan: list[Any], recipe: Recipe, chosen: Mapping[str, int], bpw: float,
+    weighted: bool, sensitivity: SensitivitySummary | None = None,
+) -> Allocation:
+    """Decisions for every planned tensor, the candidates on the rungs ``chosen`` (index by name), as
+    an allocation within ``bpw``."""
+    from pipeline.ternary.sensitivity import predicted_kl
+
     budget = budget_of(candidates, bpw)
     decisions = {p.gguf_name: decide(p.gguf_name, p.shape, recipe) for p in plan}
     rungs, params = candidates.rungs, candidates.n_params
     n_params = candidates.total_params
-    chosen = allocate(rungs, budget)
     spent = sum(rungs[name][i].n_bytes for name, i in chosen.items())
+    costs_are = ("measured KL (nats)" if sensitivity else
+                 "importance-weighted error" if weighted else "unweighted error")
     for name, index in chosen.items():
         rung = rungs[name][index]
         costs = ", ".join(f"{r.label} {r.cost:.3g}" for r in rungs[name])
@@ -183,7 +204,7 @@ def choose(
             rung.ggml_type,
             rung.ggml_type == GGMLTypeName.Q2_0,
             f"{name}: auto chose {rung.label} ({rung.n_bytes * 8 / params[name]:.3g} bpw); "
-            f"{'importance-weighted' if weighted else 'unweighted'} error by rung: {costs}",
+            f"{costs_are} by rung: {costs}",
             levels=rung.levels,
         )
     summary = AllocationSummary(
@@ -200,6 +221,8 @@ def choose(
             )
             for name, i in chosen.items()
         },
+        sensitivity=sensitivity,
+        predicted_kl=round(predicted_kl(sensitivity.base_kl, rungs, chosen), 6) if sensitivity else None,
     )
     return Allocation(decisions, summary)
 

@@ -34,8 +34,8 @@ _FIX = "retry the job from calibrate (`bonsai retry JOB --from calibrate`)"
 
 
 def wanted_input(key: str, importance: str, method: str, reference: bool = False) -> bool:
-    """Whether decompose reads upstream output ``key`` under these options (``reference``: a quality
-    target is searched for)."""
+    """Whether decompose reads upstream output ``key`` under these options (``reference``: files are
+    scored against the source, `Recipe.reads_reference`)."""
     if not key.startswith("calibrate/"):
         return True
     if key == REFERENCE_INPUT:
@@ -113,5 +113,6 @@ def load_reference(inputs: Mapping[str, InputFile]) -> Any:
 
     item = inputs.get(REFERENCE_INPUT)
     if item is None:
-        raise InputError(f"min_top1 / max_kl need {REFERENCE_INPUT}; inputs were {sorted(inputs)}; {_FIX}")
+        raise InputError(f"min_top1 / max_kl and sensitivity=measured need {REFERENCE_INPUT}; inputs were "
+                         f"{sorted(inputs)}; {_FIX}")
     return read_reference(item.path)

@@ -34,14 +34,14 @@ import numpy as np
 from pipeline.calibration.answers import CALIBRATION
 from pipeline.calibration.reference import SourceReference
 from pipeline.core.errors import InputError, IntegrityError
-from pipeline.formats.decompose_report import SearchSummary, SearchTrial
+from pipeline.formats.decompose_report import SearchSummary, SearchTrial, SensitivitySummary
 from pipeline.formats.model_card import ModelCard
 from pipeline.stages.base import InputFile
 from pipeline.stages.decompose.auto import Allocation, Candidates, RungBytes, choose, label_of
 from pipeline.ternary.policy import Recipe, TensorDecision, meets_quality
 
-__all__ = ["SearchInputs", "meets", "top1_margin", "check_reference", "search", "MAX_TRIALS",
-           "RESOLUTION_BPW", "SEARCH_POSITIONS"]
+__all__ = ["SearchInputs", "score_allocation", "meets", "top1_margin", "check_reference", "search",
+           "MAX_TRIALS", "RESOLUTION_BPW", "SEARCH_POSITIONS"]
 
 log = logging.getLogger(__name__)
 
@@ -112,12 +112,15 @@ def _assemble(ctx: SearchInputs, allocation: Allocation, folder: Path) -> Path:
     return next(out.path for out in result.outputs if out.name.endswith(".gguf"))
 
 
-def _try(ctx: SearchInputs, bpw: float, weighted: bool, number: int) -> tuple[Allocation, SearchTrial, int]:
+def score_allocation(
+    ctx: SearchInputs, allocation: Allocation, label: str, positions: int
+) -> tuple[int, Any]:
+    """(file bytes, `calibration.agreement` stats) of the allocation's GGUF, written in a scratch
+    folder named after ``label`` and run by llama.cpp over the first ``positions`` positions of the
+    calibration text, scored against the source's reference."""
     from pipeline.calibration.agreement import score_gguf
 
-    started = time.monotonic()
-    allocation = choose(ctx.candidates, ctx.plan, ctx.recipe, bpw, weighted)
-    folder = ctx.workdir / f".search-{number}"
+    folder = ctx.workdir / f".{label}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     try:
@@ -125,26 +128,34 @@ def _try(ctx: SearchInputs, bpw: float, weighted: bool, number: int) -> tuple[Al
         size = path.stat().st_size
         threads = max(1, min(8, os.cpu_count() or 1))
         scored = score_gguf(path, ctx.reference, names=[CALIBRATION], n_threads=threads,
-                            max_positions=SEARCH_POSITIONS)
+                            max_positions=positions)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    stats = scored.stats
+    return size, scored.stats
+
+
+def _try(
+    ctx: SearchInputs, bpw: float, weighted: bool, number: int, sensitivity: SensitivitySummary | None
+) -> tuple[Allocation, SearchTrial, int]:
+    started = time.monotonic()
+    allocation = choose(ctx.candidates, ctx.plan, ctx.recipe, bpw, weighted, sensitivity)
+    size, stats = score_allocation(ctx, allocation, f"search-{number}", SEARCH_POSITIONS)
     margin = top1_margin(ctx.recipe.min_top1, stats.n_positions)
     trial = SearchTrial(
         target_bpw=round(bpw, 4), spent_bpw=float(allocation.summary.spent_bpw), file_bytes=size,
         top1=round(stats.top1_agreement, 6), mean_kl=round(stats.mean_kl, 6),
         meets=meets(ctx.recipe, stats.top1_agreement, stats.mean_kl, margin),
-        seconds=round(time.monotonic() - started, 3),
+        seconds=round(time.monotonic() - started, 3), predicted_kl=allocation.summary.predicted_kl,
     )
     log.info("stage decompose: auto trial %d at %.3f bpw: %d bytes, top-1 %.1f%%, KL %.3f -> %s", number,
              bpw, size, 100 * trial.top1, trial.mean_kl, "meets" if trial.meets else "misses")
     return allocation, trial, stats.n_positions
 
 
-def search(ctx: SearchInputs, weighted: bool) -> Allocation:
+def search(ctx: SearchInputs, weighted: bool, sensitivity: SensitivitySummary | None = None) -> Allocation:
     """The allocation of the smallest budget tried whose file meets the target (else the largest),
     with the trials in its summary under ``search``. The caller has checked the reference
-    (`check_reference`) before measuring."""
+    (`check_reference`) before measuring. ``sensitivity``: the candidates' costs are measured."""
     n_params = ctx.candidates.total_params
     low, high = (b * 8 / n_params for b in ctx.candidates.bytes_range())
     high = min(high, ctx.recipe.target_bpw)
@@ -154,7 +165,7 @@ def search(ctx: SearchInputs, weighted: bool) -> Allocation:
 
     def attempt(bpw: float) -> int:
         nonlocal positions
-        allocation, trial, positions = _try(ctx, bpw, weighted, len(trials) + 1)
+        allocation, trial, positions = _try(ctx, bpw, weighted, len(trials) + 1, sensitivity)
         trials.append(trial)
         allocations.append(allocation)
         return len(trials) - 1

@@ -45,7 +45,7 @@ from pipeline.stages.base import (
 )
 from pipeline.stages.decompose.calibration import load_calibration, wanted_input
 from pipeline.stages.decompose.merge import FANOUT, PART_KIND, finish_report
-from pipeline.ternary.policy import AUTO, Recipe, decide, get_recipe, importance_for
+from pipeline.ternary.policy import AUTO, MEASURED, Recipe, decide, get_recipe, importance_for
 
 if TYPE_CHECKING:
     import torch
@@ -128,7 +128,7 @@ def cache_identity(params: Params, clients: StageClients = NO_CLIENTS) -> str | 
 def select_inputs(params: Params, inputs: Mapping[str, InputFile]) -> dict[str, InputFile]:
     """Upstream outputs this recipe reads: calibrate's files only when importance or gptq asks."""
     return {key: item for key, item in inputs.items()
-            if wanted_input(key, params.importance, params.recipe.method, params.recipe.has_quality_target)}
+            if wanted_input(key, params.importance, params.recipe.method, params.recipe.reads_reference)}
 
 
 def read_part_index(path: Path, label: str | None = None) -> PartIndex:
@@ -199,10 +199,11 @@ def _auto(
 
     source = _source_module(card)
     weighted = bool(calibration and calibration.imatrix)
-    if not recipe.has_quality_target:
+    if not recipe.reads_reference:
         candidates = measure(source, card, files, plan, device, calibration, stream_options(source), recipe)
         return choose(candidates, plan, recipe, recipe.target_bpw, weighted)
     from pipeline.stages.decompose.search import SearchInputs, check_reference, search
+    from pipeline.stages.decompose.sensitivity import measure_sensitivity
 
     reference = load_reference(inputs)
     check_reference(reference)
@@ -210,8 +211,13 @@ def _auto(
     try:
         candidates = measure(source, card, files, plan, device, calibration, stream_options(source),
                              recipe, kept)
-        return search(SearchInputs(card, plan, recipe, candidates, kept, inputs, reference, workdir),
-                      weighted)
+        ctx = SearchInputs(card, plan, recipe, candidates, kept, inputs, reference, workdir)
+        sensitivity = None
+        if recipe.sensitivity == MEASURED:
+            ctx, sensitivity = measure_sensitivity(ctx, weighted)
+        if recipe.has_quality_target:
+            return search(ctx, weighted, sensitivity)
+        return choose(ctx.candidates, plan, recipe, recipe.target_bpw, weighted, sensitivity)
     finally:
         kept.close()
 

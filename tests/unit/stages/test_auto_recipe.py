@@ -127,3 +127,30 @@ def test_quality_target_keeps_the_smallest_file_that_meets_it(float_checkpoint: 
     confirmed = result["validation"]["details"]["quality_target"]
     assert confirmed["min_top1"] == 0.9 and confirmed["search_top1"] == chosen["top1"]
     assert confirmed["verdict"] == ("pass" if confirmed["top1_agreement"] >= 0.9 else "fail")
+
+
+def test_measured_sensitivity_ranks_rungs_by_the_kl_llama_cpp_measures(float_checkpoint: Path,
+                                                                       tmp_path: Path) -> None:
+    result = _convert(tmp_path / "m", float_checkpoint, 4.0, sensitivity="measured")
+    allocation = result["report"]["allocation"]
+    measured = allocation["sensitivity"]
+    steps, candidates = measured["steps"], allocation["candidates"]
+    # One file for the base, one per group step; every candidate's group went down at least once.
+    assert measured["files"] == 1 + len(steps) and measured["positions"] > 0 and measured["base_kl"] >= 0
+    assert measured["scored_on"] == "calibration"
+    groups = {step["group"] for step in steps}
+    assert "token_embd" in groups and any(g.startswith("ffn_down[") for g in groups)
+    assert all(step["saved_bytes"] > 0 for step in steps)
+    # The costs the allocator ranked are the measurements: the top of each hull costs nothing, and a
+    # group's tensors one rung down cost (together) the KL that step added, never less than zero.
+    for step in (s for s in steps if s["depth"] == 1 and s["group"] == "token_embd"):
+        costs = {r["type"]: r["cost"] for r in candidates["token_embd.weight"]["rungs"]}
+        assert costs[step["types"][0]] == pytest.approx(max(0.0, step["kl_rise"]), abs=1e-6)
+    for name, candidate in candidates.items():
+        assert min(r["cost"] for r in candidate["rungs"]) == 0.0, name
+    chosen_cost = sum(next(r["cost"] for r in c["rungs"] if r["type"] == c["chosen"])
+                      for c in candidates.values())
+    assert allocation["predicted_kl"] == pytest.approx(measured["base_kl"] + chosen_cost, abs=1e-5)
+    assert allocation["spent_bytes"] <= allocation["budget_bytes"]
+    reasons = [t["reason"] for t in result["report"]["tensors"] if t["name"] in candidates]
+    assert reasons and all("measured KL (nats) by rung" in reason for reason in reasons)

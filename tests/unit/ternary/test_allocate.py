@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.core.errors import InputError
 from pipeline.ternary.allocate import Rung, allocate, hull, ladder, upgrades
-from pipeline.ternary.policy import get_recipe, importance_for
+from pipeline.ternary.policy import get_recipe, importance_for, reads_statistics
 
 
 def test_ladders_follow_the_block_sizes() -> None:
@@ -86,6 +86,18 @@ def test_quality_target_options() -> None:
         get_recipe("auto", {"max_kl": 0})
     with pytest.raises(InputError, match="nats above 0"):
         get_recipe("auto", {"max_kl": True})
+
+
+def test_sensitivity_option() -> None:
+    measured = get_recipe("auto", {"sensitivity": "measured"})
+    assert measured.reads_reference and not measured.has_quality_target and measured.target_bpw == 4.0
+    assert reads_statistics("auto", {"sensitivity": "measured", "importance": "none"})
+    assert not get_recipe("auto", {}).reads_reference and get_recipe("auto", {"max_kl": 0.5}).reads_reference
+    assert get_recipe("q2_0", {"sensitivity": "proxy"}).sensitivity == "proxy"
+    with pytest.raises(InputError, match="applies to recipe auto only"):
+        get_recipe("q2_0", {"sensitivity": "measured"})
+    with pytest.raises(InputError, match="expected one of proxy, measured"):
+        get_recipe("auto", {"sensitivity": "kl"})
 
 
 def _synthetic_model(seed: int, n_tensors: int = 40) -> dict[str, list[Rung]]:
