@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.calibration.answers import CALIBRATION
+from pipeline.calibration.predictions import AgreementStats
 from pipeline.calibration.reference import SourceReference
 from pipeline.core.errors import InputError, IntegrityError
 from pipeline.formats.decompose_report import SearchSummary, SearchTrial, SensitivitySummary
@@ -114,7 +115,7 @@ def _assemble(ctx: SearchInputs, allocation: Allocation, folder: Path) -> Path:
 
 def score_allocation(
     ctx: SearchInputs, allocation: Allocation, label: str, positions: int
-) -> tuple[int, Any]:
+) -> tuple[int, AgreementStats]:
     """(file bytes, `calibration.agreement` stats) of the allocation's GGUF, written in a scratch
     folder named after ``label`` and run by llama.cpp over the first ``positions`` positions of the
     calibration text, scored against the source's reference."""
