@@ -17,6 +17,8 @@ from pipeline.formats.decompose_report import (
     RungCost,
     SearchSummary,
     SearchTrial,
+    SensitivityStep,
+    SensitivitySummary,
     TensorReport,
 )
 
@@ -43,12 +45,17 @@ def test_a_written_report_loads_as_the_same_report(tmp_path: Path) -> None:
     search = SearchSummary(min_top1=0.6, max_kl=None, scored_on="calibration", positions=900,
                            top1_margin=0.03, met=True, chosen=1,
                            trials=(SearchTrial(6.0, 5.9, 300, 0.9, 0.1, True, 2.0),
-                                   SearchTrial(3.0, 2.9, 200, 0.7, 0.3, True, 2.0)))
+                                   SearchTrial(3.0, 2.9, 200, 0.7, 0.3, True, 2.0, predicted_kl=0.25)))
+    measured = SensitivitySummary(
+        scored_on="calibration", positions=512, base_kl=0.006, base_top1=0.95, files=3, seconds=9.5,
+        steps=(SensitivityStep("ffn_up[0-0]", 1, ("Q4_K",), 1, 8.0, 0.2, 0.9),
+               SensitivityStep("ffn_up[0-0]", 2, ("Q2_0/3",), 1, 9.0, 0.9, 0.4, context="bottom")),
+        bottom_kl=2.5, bottom_top1=0.2)
     allocation = AllocationSummary(target_bpw=6.0, budget_bytes=10, spent_bytes=9, spent_bpw=5.9,
                                    reachable=True, weighted=True,
                                    candidates={"blk.0.ffn_up.weight": CandidateSummary(
                                        "Q4_K", (RungCost("Q2_0/3", 1, 9.0), RungCost("Q4_K", 2, 1.0)))},
-                                   search=search)
+                                   search=search, sensitivity=measured, predicted_kl=0.206)
     rows = [_row("blk.0.ffn_up.weight"), _row("blk.1.ffn_up.weight", exact=True),
             _row("token_embd.weight", "F16", exact=True)]
     report = DecomposeReport.build(rows, _header(allocation=allocation))
@@ -57,6 +64,8 @@ def test_a_written_report_loads_as_the_same_report(tmp_path: Path) -> None:
     assert loaded == report
     assert loaded.header.allocation is not None and loaded.header.allocation.search is not None
     assert loaded.header.allocation.search.best.top1 == 0.7
+    assert loaded.header.allocation.sensitivity == measured and loaded.header.allocation.predicted_kl == 0.206
+    assert loaded.header.allocation.search.best.predicted_kl == 0.25
     assert set(loaded.layers) == {0, 1} and loaded.totals.n_tensors == 3
     assert not loaded.exact and loaded.n_inexact == 1 and loaded.inexact_examples == ("blk.0.ffn_up.weight",)
     # The JSON keeps the shape the page and older readers know: header at the top, layers by text.
