@@ -105,6 +105,10 @@ def make_params(job: JobSpec) -> Params:
     if importance == "imatrix" and recipe.method not in ("optimal", "gptq"):
         raise InputError(f"option importance=imatrix weights the optimal fit; method={recipe.method!r} "
                          "ignores it: use method=optimal or drop importance")
+    if recipe.reads_reference and importance == "none":
+        raise InputError("min_top1 / max_kl and sensitivity=measured score files on the calibration text, "
+                         "which calibrate runs the source over only for importance=imatrix (auto's "
+                         "default): drop importance=none")
     return Params(recipe=recipe, device=device, shards=tuple(shards), importance=str(importance))
 
 
