@@ -3,21 +3,18 @@
 On Gemma 3 270M (the PyPI GGUF, as bench/fidelity.py), inside one ``auto --option
 sensitivity=measured`` job's decompose stage, where every rung's bytes are kept:
 
-- the stage measures its sensitivity (`stages.decompose.sensitivity`): a top file (every
-  candidate on the top of its hull) and a bottom one (every candidate on its cheapest rung), then
-  one file per group step (a group: a matrix kind over a third of the layers, or the embedding),
-  each run by llama.cpp over the first ``--positions`` positions of the calibration text and
-  scored against the source's reference; a group's bottom step is measured from the bottom file,
-  the others from the top one (`ternary.sensitivity`);
-- the bench prints every step (bytes saved, the proxy's cost rise, the measured KL increment, in
-  which context) and the Spearman rank correlation between proxy and measurement over the steps
-  measured from the top: all of them, each group's first, per byte saved, and within one matrix
-  kind (the median over kinds);
+- the stage measures its sensitivity (`stages.decompose.sensitivity`): the base file (every
+  candidate on the top of its hull), then one file per group (a matrix kind over a third of the
+  layers, or the embedding) and hull depth, each run by llama.cpp over the first ``--positions``
+  positions of the calibration text and scored against the source's reference;
+- the bench prints every step (bytes saved, the proxy's cost rise, the measured KL rise) and the
+  Spearman rank correlation between proxy and measurement: over all steps, over each group's first
+  step, per byte saved, and within one matrix kind (the median over kinds);
 - then, for every ``target_bpw`` of ``--sweep``, the allocation on the proxy's costs and the one
   on the measured costs are written (package's writer, from the kept bytes) and scored on
   bench/fidelity.py's held-out text (which no calibration saw): top-1 and KL against the source's
-  own logits; the measured allocation also on the calibration text, beside its predicted KL (the
-  top file's KL plus its rungs' measured costs: how far the steps add up).
+  own logits; the measured allocation also on the calibration text, beside its predicted KL (base
+  KL plus its rungs' measured costs: how far the groups' rises add up).
 
     .venv/bin/python bench/sensitivity.py [--workdir DIR] [--positions 512] [--sweep 4.0:6.0:0.2]
 
@@ -188,14 +185,11 @@ def main(argv: list[str] | None = None) -> int:
         print("the decompose stage never measured its sensitivity", file=sys.stderr)
         return 1
     summary = found["summary"]
-    every = list(summary.steps)
-    for step in every:
+    steps = list(summary.steps)
+    for step in steps:
         print(f"  {step.group:22s} -{step.depth} -> {','.join(step.types):14s} saves "
               f"{step.saved_bytes / 1e6:7.2f} MB  proxy {step.proxy:11.4g}  KL +{step.kl_rise:.5f}  "
-              f"top-1 {step.top1:.4f}  (from the {step.context})")
-    print(f"top file KL {summary.base_kl:.4f} top-1 {summary.base_top1:.4f}; bottom file KL "
-          f"{summary.bottom_kl:.4f} top-1 {summary.bottom_top1:.4f}")
-    steps = [s for s in every if s.context == "top"]  # comparable with each other: one context
+              f"top-1 {step.top1:.4f}")
     first = [s for s in steps if s.depth == 1]
     per_byte = spearman([s.proxy / s.saved_bytes for s in steps], [s.kl_rise / s.saved_bytes for s in steps])
     kinds: dict[str, list[Any]] = {}
@@ -205,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                     for kind in kinds.values() if len(kind) >= 3)
     figures = {
         "groups": len({s.group for s in steps}),
-        "points": len(every),
+        "points": len(steps),
         "spearman": f"{spearman([s.proxy for s in steps], [s.kl_rise for s in steps]):.3f}",
         "spearman_depth1": f"{spearman([s.proxy for s in first], [s.kl_rise for s in first]):.3f}",
         "spearman_per_byte": f"{per_byte:.3f}",

@@ -172,11 +172,8 @@ class CandidateSummary:
 
 @dataclass(frozen=True)
 class SensitivityStep:
-    """One measured step of a group, from ``depth`` - 1 to ``depth`` hull rungs below the top (to
-    ``types``): the bytes it saves, the proxy's cost rise for it, and the KL it adds, measured in
-    its ``context``: ``top`` (lowered from the file with every candidate on its top rung; ``top1``
-    is that file's) or ``bottom`` (the KL that raising it takes away from the file with every
-    candidate on its cheapest rung; ``top1`` is the raised file's)."""
+    """One measured step: a group lowered ``depth`` hull rungs below the base (to ``types``), the
+    bytes it saved, the proxy's cost rise for it and the KL it added over the base."""
 
     group: str
     depth: int
@@ -185,13 +182,12 @@ class SensitivityStep:
     proxy: float
     kl_rise: float
     top1: float
-    context: str = "top"
 
 
 @dataclass(frozen=True)
 class SensitivitySummary:
-    """Measured sensitivity (`ternary.sensitivity`): the top and bottom files' agreement, every step,
-    and the cost of measuring them (files run, seconds), on the first ``positions`` of ``scored_on``."""
+    """Measured sensitivity (`ternary.sensitivity`): the base file's agreement, every step, and the
+    cost of measuring them (files run, seconds), on the first ``positions`` of ``scored_on``."""
 
     scored_on: str
     positions: int
@@ -200,8 +196,6 @@ class SensitivitySummary:
     files: int
     seconds: float
     steps: tuple[SensitivityStep, ...]
-    bottom_kl: float | None = None
-    bottom_top1: float | None = None
 
 
 @dataclass(frozen=True)

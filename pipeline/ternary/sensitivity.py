@@ -2,29 +2,31 @@
 
 The allocator's proxy (importance-weighted squared error, `allocate`) is not comparable across
 matrix kinds: on Gemma 3 270M it ranks the KL that lowering a group adds with a Spearman
-correlation of 0.11 to 0.16 (bench/sensitivity.py). So the cost of a step is measured instead:
+correlation of 0.11 (bench/sensitivity.py). So the cost of a step is measured instead:
 
+- the *base* puts every candidate tensor on the dearest rung of its hull;
 - a *group* is one matrix kind over a span of layers (`groups_of`), or a head tensor alone;
-- lowering a group by *depth* d moves each of its tensors d hull rungs down from the top of its
-  hull (`lowered`); a group's steps are d-1 -> d for d = 1 .. its hull depth (`depths_of`);
-- each step is measured where the allocator buys it: a step near the top of the hulls is bought
-  when the budget is large and every other tensor is near its top, so it is measured from the
-  *top* (every candidate on its dearest hull rung) as the KL it adds; the step off the bottom of a
-  hull is bought when the budget is small and the others are low, so it is measured from the
-  *bottom* (every candidate on its cheapest rung) as the KL that raising the group by it takes
-  away. Rises measured from the top alone add up badly where many groups are low at once (on
-  Gemma, 0.96 predicted against 2.77 measured at 4.0 bpw): the errors compound.
+- lowering a group by *depth* d moves each of its tensors d hull rungs down from the base
+  (`lowered`); the file with that group lowered and everything else on the base is run, and the
+  KL it adds over the base is the step's measured rise.
 
-`measured_rungs` turns those increments into per-tensor rung costs the allocator ranks on: each
-step's increment is shared among the group's tensors that moved by their proxy increments (the
-proxy ranks reasonably within one kind), and the top of each hull costs nothing. The allocator
-is unchanged, so allocations for increasing budgets stay nested.
+`measured_rungs` turns those rises into per-tensor rung costs the allocator ranks on: each
+group's rise between two depths is shared among the tensors that moved by their proxy
+increments (the proxy ranks reasonably within one kind), so a group's tensor costs sum to its
+measured rise at every depth and the base costs nothing. Rungs off a tensor's hull keep off it.
+The allocator stays as it is, so allocations for increasing budgets stay nested; their predicted
+KL (`predicted_kl`) assumes the groups' rises add up, which the search checks against llama.cpp.
+They add up near the top (Gemma 3 270M at 4.8 bpw and above: within 0.03 nats) but not where
+many groups are low at once (at 4.0 bpw: 0.96 predicted, 2.77 measured): the errors compound.
+Measuring the bottom steps from an all-cheapest file instead does not help: that file is broken
+(KL 3.2) and raising one group changes it by noise.
 
 Example::
 
     groups = groups_of(list(rungs))
-    increments = {("ffn_down[0-5]", 1): 0.124, ("ffn_down[0-5]", 2): 1.3, ...}  # measured
-    allocate(measured_rungs(rungs, groups, increments), budget_bytes)
+    rises = {("ffn_down[0-5]", 1): 0.128, ("ffn_down[0-5]", 2): 0.9, ...}  # measured in llama.cpp
+    costs = measured_rungs(rungs, groups, rises)
+    allocate(costs, budget_bytes)
 """
 
 from __future__ import annotations
@@ -74,25 +76,28 @@ def lowered(rungs: Mapping[str, Sequence[Rung]], names: Sequence[str], depth: in
 
 def measured_rungs(
     rungs: Mapping[str, Sequence[Rung]], groups: Mapping[str, Sequence[str]],
-    increments: Mapping[tuple[str, int], float],
+    rises: Mapping[tuple[str, int], float],
 ) -> dict[str, list[Rung]]:
     """Every tensor's rungs with measured costs (nats): 0 on the base, and at each depth the group's
-    cost so far plus ``increments[(group, depth)]`` (the KL that step down added; a step that
-    measured a gain counts as none) shared among the tensors that moved by their proxy increments.
-    A rung off the hull costs a hair more than the hull rung below it in bytes, so it stays off.
-    ValueError when a group has no measured increment at a depth where its tensors move."""
+    measured rise (``rises[(group, depth)]``: the KL it added over the base; kept from falling with
+    depth, a step down never counts as a gain) shared among the tensors that moved by their proxy
+    increments. A rung off the hull costs what the hull rung below it in bytes costs, so it stays
+    off. ValueError when a group has no measured rise at a depth where its tensors move."""
+    measured = rises
     out: dict[str, list[Rung]] = {}
     for group, names in groups.items():
         cost = {name: {lowered(rungs, [name], 0)[name]: 0.0} for name in names}
         here = lowered(rungs, names, 0)
+        rise = 0.0
         for depth in range(1, depths_of(rungs, names) + 1):
             there = lowered(rungs, names, depth)
             moved = [name for name in names if there[name] != here[name]]
             if not moved:
                 continue
-            if (group, depth) not in increments:
-                raise ValueError(f"no measured increment for group {group} at depth {depth}")
-            added = max(0.0, increments[(group, depth)])
+            if (group, depth) not in measured:
+                raise ValueError(f"no measured rise for group {group} at depth {depth}")
+            added = max(0.0, measured[(group, depth)] - rise)
+            rise += added
             proxy = {n: max(0.0, rungs[n][there[n]].cost - rungs[n][here[n]].cost) for n in moved}
             total = sum(proxy.values())
             for name in moved:
@@ -118,6 +123,6 @@ def _with_costs(rungs: Sequence[Rung], on_hull: Mapping[int, float]) -> list[Run
 
 
 def predicted_kl(base_kl: float, rungs: Mapping[str, Sequence[Rung]], chosen: Mapping[str, int]) -> float:
-    """The KL an allocation would have if its steps' measured increments added up: the top's plus
-    every chosen rung's measured cost (a rough guide: increments come from two contexts)."""
+    """The KL an allocation should have if the groups' measured rises add up: the base's plus every
+    chosen rung's measured cost."""
     return base_kl + sum(rungs[name][index].cost for name, index in chosen.items())

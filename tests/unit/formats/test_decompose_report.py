@@ -49,8 +49,7 @@ def test_a_written_report_loads_as_the_same_report(tmp_path: Path) -> None:
     measured = SensitivitySummary(
         scored_on="calibration", positions=512, base_kl=0.006, base_top1=0.95, files=3, seconds=9.5,
         steps=(SensitivityStep("ffn_up[0-0]", 1, ("Q4_K",), 1, 8.0, 0.2, 0.9),
-               SensitivityStep("ffn_up[0-0]", 2, ("Q2_0/3",), 1, 9.0, 0.9, 0.4, context="bottom")),
-        bottom_kl=2.5, bottom_top1=0.2)
+               SensitivityStep("ffn_up[0-0]", 2, ("Q2_0/3",), 2, 17.0, 1.1, 0.4)))
     allocation = AllocationSummary(target_bpw=6.0, budget_bytes=10, spent_bytes=9, spent_bpw=5.9,
                                    reachable=True, weighted=True,
                                    candidates={"blk.0.ffn_up.weight": CandidateSummary(

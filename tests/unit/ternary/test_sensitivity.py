@@ -34,11 +34,11 @@ def test_depths_go_down_each_tensors_own_hull() -> None:
     assert lowered(rungs, ["a", "b"], 5) == {"a": 1, "b": 0}
 
 
-def test_a_groups_tensors_share_each_measured_step_by_their_proxy() -> None:
+def test_a_groups_tensors_share_its_measured_rise_by_their_proxy() -> None:
     rungs = {"blk.0.ffn_up.weight": _ladder([9.0, 6.0, 4.0, 3.0]),
              "blk.1.ffn_up.weight": _ladder([9.0, 8.0, 5.0, 3.0])}
     groups = {"ffn_up[0-1]": list(rungs)}
-    costs = measured_rungs(rungs, groups, {("ffn_up[0-1]", 1): 0.3, ("ffn_up[0-1]", 2): 0.2})
+    costs = measured_rungs(rungs, groups, {("ffn_up[0-1]", 1): 0.3, ("ffn_up[0-1]", 2): 0.5})
     a, b = costs["blk.0.ffn_up.weight"], costs["blk.1.ffn_up.weight"]
     assert a[3].cost == b[3].cost == 0.0  # the base costs nothing
     # Depth 1 (Q4_K): proxy rises 1 and 2 share 0.3 as 0.1 and 0.2.
@@ -46,7 +46,7 @@ def test_a_groups_tensors_share_each_measured_step_by_their_proxy() -> None:
     # Depth 2 (Q2_0/4, which costs Q2_0/3's bytes and less error): the further 0.2 by rises 2 and 3.
     assert a[1].cost == pytest.approx(0.1 + 0.08) and b[1].cost == pytest.approx(0.2 + 0.12)
     assert a[0].cost > a[1].cost and hull(a) == [1, 2, 3]
-    # Every depth's costs sum to the group's increments so far; bytes are untouched.
+    # Every depth's costs sum to the group's measured rise; bytes are untouched.
     assert a[1].cost + b[1].cost == pytest.approx(0.5)
     assert [r.n_bytes for r in a] == [r.n_bytes for r in rungs["blk.0.ffn_up.weight"]]
 
@@ -65,8 +65,8 @@ def test_allocations_on_measured_costs_are_nested_and_predict_their_kl() -> None
     names = [f"blk.{i}.{k}.weight" for i in range(4) for k in ("attn_q", "ffn_down")]
     rungs = {n: _ladder([8.0 + i, 5.0, 2.0 + i / 10, 0.5], cols=10) for i, n in enumerate(names)}
     groups = groups_of(names, spans=2)
-    steps = {(g, d): (0.02 if g.startswith("attn") else 0.3) * d for g in groups for d in (1, 2)}
-    costs = measured_rungs(rungs, groups, steps)
+    rises = {(g, d): (0.02 if g.startswith("attn") else 0.3) * d ** 2 for g in groups for d in (1, 2, 3)}
+    costs = measured_rungs(rungs, groups, rises)
     low = sum(r[0].n_bytes for r in costs.values())
     previous: dict[str, int] | None = None
     for budget in range(low, low + 500 * len(names), 97):
@@ -82,10 +82,10 @@ def test_allocations_on_measured_costs_are_nested_and_predict_their_kl() -> None
     assert len(raised) == 2 and all(".ffn_down." in n for n in raised)
     assert predicted_kl(0.01, costs, {n: 3 for n in names}) == pytest.approx(0.01)
     cheapest = allocate(costs, 0)
-    assert predicted_kl(0.01, costs, cheapest) == pytest.approx(0.01 + sum(3 * steps[(g, 1)] for g in groups))
+    assert predicted_kl(0.01, costs, cheapest) == pytest.approx(0.01 + sum(rises[(g, 2)] for g in groups))
 
 
 def test_a_depth_without_a_measurement_is_an_error() -> None:
     rungs = {"x": _ladder([9.0, 5.0, 2.0, 1.0])}
-    with pytest.raises(ValueError, match="no measured increment for group x at depth 2"):
+    with pytest.raises(ValueError, match="no measured rise for group x at depth 2"):
         measured_rungs(rungs, {"x": ["x"]}, {("x", 1): 0.1})
