@@ -2,7 +2,7 @@
 
 The allocator's proxy (importance-weighted squared error, `allocate`) is not comparable across
 matrix kinds: on Gemma 3 270M it ranks the KL that lowering a group adds with a Spearman
-correlation of 0.11 (bench/sensitivity.py). So the cost of a step is measured instead:
+correlation of 0.11 to 0.16 (bench/sensitivity.py). So the cost of a step is measured instead:
 
 - the *base* puts every candidate tensor on the dearest rung of its hull;
 - a *group* is one matrix kind over a span of layers (`groups_of`), or a head tensor alone;

@@ -5,7 +5,7 @@ KL each step adds, measured as `ternary.sensitivity` describes: the base file (e
 on the top of its hull), then for each group and each depth its hull reaches, the file with that
 group lowered, each written from the bytes `auto.measure` kept and scored like a search trial
 (`search.score_allocation`) over the first ``positions`` positions of the calibration text. The
-cost, one file per step (about 22 groups x 3 depths for a 7-kind model), is in the summary.
+cost, one file per step (45 files for Gemma 3 270M: 22 groups, 44 steps), is in the summary.
 """
 
 from __future__ import annotations
