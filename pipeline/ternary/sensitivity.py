@@ -81,22 +81,20 @@ def measured_rungs(
     """Every tensor's rungs with measured costs (nats): 0 on the base, and at each depth the group's
     measured rise (``rises[(group, depth)]``: the KL it added over the base; kept from falling with
     depth, a step down never counts as a gain) shared among the tensors that moved by their proxy
-    increments. A rung off the hull costs what the hull rung below it in bytes costs, so it stays
-    off. ValueError when a group has no measured rise at a depth where its tensors move."""
-    measured = rises
+    increments. A rung off the hull costs a hair more than the hull rung below it in bytes, so it
+    stays off. ValueError when a group has no measured rise at a depth its hull reaches (at every
+    such depth some tensor moves: the one with the longest hull)."""
     out: dict[str, list[Rung]] = {}
     for group, names in groups.items():
-        cost = {name: {lowered(rungs, [name], 0)[name]: 0.0} for name in names}
         here = lowered(rungs, names, 0)
+        cost = {name: {here[name]: 0.0} for name in names}
         rise = 0.0
         for depth in range(1, depths_of(rungs, names) + 1):
             there = lowered(rungs, names, depth)
             moved = [name for name in names if there[name] != here[name]]
-            if not moved:
-                continue
-            if (group, depth) not in measured:
+            if (group, depth) not in rises:
                 raise ValueError(f"no measured rise for group {group} at depth {depth}")
-            added = max(0.0, measured[(group, depth)] - rise)
+            added = max(0.0, rises[(group, depth)] - rise)
             rise += added
             proxy = {n: max(0.0, rungs[n][there[n]].cost - rungs[n][here[n]].cost) for n in moved}
             total = sum(proxy.values())

@@ -33,6 +33,7 @@ from pipeline.ternary.allocate import Rung, allocate, ladder, rung_label
 from pipeline.ternary.codecs import decompose_packed
 from pipeline.ternary.pack import decode_bytes, encode_plain, tensor_nbytes
 from pipeline.ternary.policy import LINEAR_KINDS, Recipe, TensorDecision, decide
+from pipeline.ternary.sensitivity import predicted_kl
 
 __all__ = ["Allocation", "Candidates", "RungBytes", "measure", "choose", "allocation_of", "budget_of",
            "label_of"]
@@ -188,8 +189,6 @@ def allocation_of(
 ) -> Allocation:
     """Decisions for every planned tensor, the candidates on the rungs ``chosen`` (index by name), as
     an allocation within ``bpw``."""
-    from pipeline.ternary.sensitivity import predicted_kl
-
     budget = budget_of(candidates, bpw)
     decisions = {p.gguf_name: decide(p.gguf_name, p.shape, recipe) for p in plan}
     rungs, params = candidates.rungs, candidates.n_params

@@ -46,11 +46,8 @@ def measure_sensitivity(
     base_kl, base_top1 = score(base)
     steps: list[SensitivityStep] = []
     for group, names in groups.items():
-        here = {name: base[name] for name in names}
-        for depth in range(1, depths_of(rungs, names) + 1):
+        for depth in range(1, depths_of(rungs, names) + 1):  # each depth moves some tensor down
             there = lowered(rungs, names, depth)
-            if there == here:
-                continue
             kl, top1 = score({**base, **there})
             steps.append(SensitivityStep(
                 group=group, depth=depth, types=tuple(sorted({rungs[n][there[n]].label for n in names})),
@@ -60,7 +57,6 @@ def measure_sensitivity(
             ))
             log.info("stage decompose: sensitivity %s -%d (%s): KL +%.4f", group, depth,
                      ",".join(steps[-1].types), steps[-1].kl_rise)
-            here = there
     measured = measured_rungs(rungs, groups, {(s.group, s.depth): s.kl_rise for s in steps})
     summary = SensitivitySummary(
         scored_on=CALIBRATION, positions=positions, base_kl=round(base_kl, 6), base_top1=round(base_top1, 6),
