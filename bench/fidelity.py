@@ -222,19 +222,24 @@ def _answer(path: Path) -> str:
         model.close()
 
 
-def _score(row: Row, ids: list[int], source_logits: Any) -> None:
+def score_held_out(path: Path, ids: list[int], source_logits: Any) -> tuple[float, float]:
+    """(top-1, mean KL) of the file at ``path`` against the source's logits over ``ids``."""
     import numpy as np
 
     from pipeline.calibration.llama_session import LlamaSession
     from pipeline.calibration.predictions import agreement_stats
 
+    with LlamaSession(path, n_ctx=_N_CTX, n_threads=_threads()) as session:
+        logits = np.array(session.logits(ids))
+    stats = agreement_stats(source_logits, logits, ids)
+    return stats.top1_agreement, stats.mean_kl
+
+
+def _score(row: Row, ids: list[int], source_logits: Any) -> None:
     assert row.path is not None
     row.size = row.path.stat().st_size
     row.linear_bpw, row.file_bpw, _ = _bpw(row.path)
-    with LlamaSession(row.path, n_ctx=_N_CTX, n_threads=_threads()) as session:
-        logits = np.array(session.logits(ids))
-    stats = agreement_stats(source_logits, logits, ids)
-    row.top1, row.kl = stats.top1_agreement, stats.mean_kl
+    row.top1, row.kl = score_held_out(row.path, ids, source_logits)
     row.answer = _answer(row.path)
 
 

@@ -42,7 +42,15 @@ _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from bench.fidelity import _N_CTX, HELD_OUT, _check_held_out, _gemma, _sweep_targets, _threads  # noqa: E402
+from bench.fidelity import (  # noqa: E402
+    _N_CTX,
+    HELD_OUT,
+    _check_held_out,
+    _gemma,
+    _sweep_targets,
+    _threads,
+    score_held_out,
+)
 
 
 def ranks(values: list[float]) -> list[float]:
@@ -72,19 +80,6 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return cov / (vx * vy) ** 0.5 if vx and vy else float("nan")
 
 
-def _score_held_out(path: Path, ids: list[int], source_logits: Any) -> tuple[float, float]:
-    """(top-1, mean KL) of the file at ``path`` against the source's logits over ``ids``."""
-    import numpy as np
-
-    from pipeline.calibration.llama_session import LlamaSession
-    from pipeline.calibration.predictions import agreement_stats
-
-    with LlamaSession(path, n_ctx=_N_CTX, n_threads=_threads()) as session:
-        logits = np.array(session.logits(ids))
-    stats = agreement_stats(source_logits, logits, ids)
-    return stats.top1_agreement, stats.mean_kl
-
-
 @dataclass
 class Point:
     """One budget of the sweep under one cost model."""
@@ -102,8 +97,10 @@ def sweep(ctx: Any, measured_ctx: Any, summary: Any, weighted: bool, targets: li
           held_out: tuple[list[int], Any], positions: int) -> dict[str, list[Point]]:
     """Both allocations at every target, scored on the held-out text (the measured one also on the
     calibration text, beside its prediction)."""
+    from pipeline.calibration.agreement import score_gguf
+    from pipeline.calibration.answers import CALIBRATION
     from pipeline.stages.decompose.auto import choose
-    from pipeline.stages.decompose.search import _assemble, score_allocation
+    from pipeline.stages.decompose.search import _assemble
 
     out: dict[str, list[Point]] = {"proxy": [], "measured": []}
     for bpw in targets:
@@ -114,14 +111,15 @@ def sweep(ctx: Any, measured_ctx: Any, summary: Any, weighted: bool, targets: li
             folder.mkdir(parents=True)
             try:
                 path = _assemble(here, allocation, folder)
-                top1, kl = _score_held_out(path, *held_out)
+                top1, kl = score_held_out(path, *held_out)
                 point = Point(bpw, path.stat().st_size, top1, kl,
                               {n: c.chosen for n, c in allocation.summary.candidates.items()})
+                if sens is not None:  # the same file on the measurement's own text
+                    stats = score_gguf(path, here.reference, names=[CALIBRATION], n_threads=_threads(),
+                                       max_positions=positions).stats
+                    point.calibration_kl, point.predicted_kl = stats.mean_kl, allocation.summary.predicted_kl
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
-            if sens is not None:
-                _, stats = score_allocation(here, allocation, f"sweep-calibration-{bpw}", positions)
-                point.calibration_kl, point.predicted_kl = stats.mean_kl, allocation.summary.predicted_kl
             out[model].append(point)
             print(f"  {model:8s} {bpw:4.1f} bpw: {point.size / 1e6:6.1f} MB, held-out top-1 {top1:.3f} "
                   f"KL {kl:.4f}"
