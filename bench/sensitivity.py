@@ -1,9 +1,9 @@
 """Sensitivity: measured rung costs against the proxy, and the allocations each gives (issue 28).
 
 On Gemma 3 270M (the PyPI GGUF, as bench/fidelity.py), inside one ``auto --option
-sensitivity=measured`` job's decompose stage, where every rung's bytes are kept:
+sensitivity=measured`` job's sensitivity stage, where every rung's bytes are kept:
 
-- the stage measures its sensitivity (`stages.decompose.sensitivity`): the base file (every
+- the stage measures its sensitivity (`stages.conversion.sensitivity`): the base file (every
   candidate on the top of its hull), then one file per group (a matrix kind over a third of the
   layers, or the embedding) and hull depth, each run by llama.cpp over the first ``--positions``
   positions of the calibration text and scored against the source's reference;
@@ -14,13 +14,17 @@ sensitivity=measured`` job's decompose stage, where every rung's bytes are kept:
   on the measured costs are written (package's writer, from the kept bytes) and scored on
   bench/fidelity.py's held-out text (which no calibration saw): top-1 and KL against the source's
   own logits; the measured allocation also on the calibration text, beside its predicted KL (base
-  KL plus its rungs' measured costs: how far the groups' rises add up).
+  KL plus its rungs' measured costs: how far the groups' rises add up);
+- then a second job on the same source at ``--reuse-bpw``: its sensitivity stage is reused from the
+  cache (measured once per source and ladder), and the bench prints what that job took.
 
     .venv/bin/python bench/sensitivity.py [--workdir DIR] [--positions 512] [--sweep 4.0:6.0:0.2]
+        [--reuse-bpw 5.0]
 
 Last line: ``sensitivity: groups=… points=… spearman=… spearman_depth1=… spearman_per_byte=…
 spearman_within_kind_median=… base_kl=… measure_files=… measure_s=… proxy_violations=…
-measured_violations=… measured_better=… predicted_error_median=… seconds=…`` (violations: sweep
+measured_violations=… measured_better=… predicted_error_median=… reused=… later_job_s=… seconds=…``
+(reused: the second job's sensitivity stage state; violations: sweep
 budgets whose held-out KL is more than 0.02 above the budget before; measured_better: budgets
 where the measured allocation's held-out KL is the lower; predicted_error: |predicted - measured|
 KL on the calibration text over the measured KL). Targets (issue 28): spearman >= 0.9 for the proxy
@@ -34,7 +38,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -99,8 +103,8 @@ def sweep(ctx: Any, measured_ctx: Any, summary: Any, weighted: bool, targets: li
     calibration text, beside its prediction)."""
     from pipeline.calibration.agreement import score_gguf
     from pipeline.calibration.answers import CALIBRATION
-    from pipeline.stages.decompose.auto import choose
-    from pipeline.stages.decompose.search import _assemble
+    from pipeline.stages.conversion.auto import choose
+    from pipeline.stages.conversion.trial import assemble
 
     out: dict[str, list[Point]] = {"proxy": [], "measured": []}
     for bpw in targets:
@@ -110,7 +114,7 @@ def sweep(ctx: Any, measured_ctx: Any, summary: Any, weighted: bool, targets: li
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(parents=True)
             try:
-                path = _assemble(here, allocation, folder)
+                path = assemble(here, allocation, folder)
                 top1, kl = score_held_out(path, *held_out)
                 point = Point(bpw, path.stat().st_size, top1, kl,
                               {n: c.chosen for n, c in allocation.summary.candidates.items()})
@@ -144,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--positions", type=int, default=512, help="calibration positions scored per file")
     parser.add_argument("--sweep", default="4.0:6.0:0.2", help="LO:HI:STEP target_bpw values ('' for none)")
+    parser.add_argument("--reuse-bpw", type=float, default=5.0, help="the second job's target_bpw")
     args = parser.parse_args(argv)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bonsai-sensitivity-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -154,11 +159,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipeline.calibration.llama_session import LlamaSession
     from pipeline.core.settings import Settings
+    from pipeline.core.states import StageName
     from pipeline.db import repo
     from pipeline.db.session import session_scope
     from pipeline.orchestration.bootstrap import build_runtime
     from pipeline.orchestration.embedded import run_job
-    from pipeline.stages.decompose import sensitivity as sensitivity_module
+    from pipeline.stages.conversion import sensitivity as sensitivity_module
 
     source = _gemma(work)
     with LlamaSession(source, n_ctx=_N_CTX, n_threads=_threads()) as session:
@@ -166,22 +172,34 @@ def main(argv: list[str] | None = None) -> int:
         held_out = (ids, np.array(session.logits(ids)))
     targets = _sweep_targets(args.sweep) if args.sweep else []
     found: dict[str, Any] = {}
-    real = sensitivity_module.measure_sensitivity
+    real = sensitivity_module.measure_steps
 
     def measuring(ctx: Any, weighted: bool, positions: int = 0) -> Any:
-        measured_ctx, summary = real(ctx, weighted, args.positions)
+        summary = real(ctx, weighted, args.positions)
         found["summary"] = summary
+        measured_ctx = replace(ctx, candidates=sensitivity_module.apply_measured(ctx.candidates, summary))
         found["sweep"] = sweep(ctx, measured_ctx, summary, weighted, targets, held_out, args.positions)
-        return measured_ctx, summary
+        return summary
 
-    sensitivity_module.measure_sensitivity = measuring  # the stage imports it when it measures
+    sensitivity_module.measure_steps = measuring  # the stage imports it when it measures
     rt = build_runtime(Settings(home=work / "home"))
     with session_scope(rt.sessions) as session:
         job_id = repo.create_job(session, str(source), "auto", {"sensitivity": "measured"}).id
     run_job(rt, job_id)
+    sensitivity_module.measure_steps = real
     if "summary" not in found:
-        print("the decompose stage never measured its sensitivity", file=sys.stderr)
+        print("the sensitivity stage never measured", file=sys.stderr)
         return 1
+    # A later job on the same source at another budget: the cache hands it the measurement.
+    later_started = time.monotonic()
+    with session_scope(rt.sessions) as session:
+        later = repo.create_job(session, str(source), "auto",
+                                {"sensitivity": "measured", "target_bpw": args.reuse_bpw}).id
+    run_job(rt, later)
+    later_s = time.monotonic() - later_started
+    with session_scope(rt.sessions) as session:
+        reused = repo.latest_runs(session, later)[StageName.SENSITIVITY].status
+    print(f"  a later job at {args.reuse_bpw} bpw: sensitivity {reused}, the whole job {later_s:.0f} s")
     summary = found["summary"]
     steps = list(summary.steps)
     for step in steps:
@@ -205,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         "base_kl": f"{summary.base_kl:.5f}",
         "measure_files": summary.files,
         "measure_s": f"{summary.seconds:.0f}",
+        "reused": reused,
+        "later_job_s": f"{later_s:.0f}",
     }
     points = found["sweep"]
     if targets:

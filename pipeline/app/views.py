@@ -45,7 +45,7 @@ def job_summary(job: Job) -> dict[str, Any]:
         "status": job.status,
         "priority": job.priority,
         "submitted_by": job.submitted_by,
-        "progress": round(coordinator.progress(states), 3),
+        "progress": round(coordinator.progress(states, plan.order), 3),
         "current_stage": current.current.value if current.current else None,
         "error_message": job.error_message,
         "created_at": _time(job.created_at),

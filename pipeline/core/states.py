@@ -34,6 +34,7 @@ class StageName(StrEnum):
     CHECKSUM = "checksum"
     INSPECT = "inspect"
     CALIBRATE = "calibrate"
+    SENSITIVITY = "sensitivity"
     DECOMPOSE = "decompose"
     PACKAGE = "package"
     VALIDATE = "validate"
@@ -46,7 +47,9 @@ STAGE_INPUTS: Mapping[StageName, tuple[StageName, ...]] = MappingProxyType({
     StageName.CHECKSUM: (StageName.DOWNLOAD,),
     StageName.INSPECT: (StageName.DOWNLOAD, StageName.CHECKSUM),
     StageName.CALIBRATE: (StageName.DOWNLOAD, StageName.INSPECT),
-    StageName.DECOMPOSE: (StageName.DOWNLOAD, StageName.INSPECT, StageName.CALIBRATE),
+    # Only in the graph of a job whose auto recipe allocates on measured sensitivity (`stage_inputs`).
+    StageName.SENSITIVITY: (StageName.DOWNLOAD, StageName.INSPECT, StageName.CALIBRATE),
+    StageName.DECOMPOSE: (StageName.DOWNLOAD, StageName.INSPECT, StageName.CALIBRATE, StageName.SENSITIVITY),
     StageName.PACKAGE: (StageName.DOWNLOAD, StageName.INSPECT, StageName.DECOMPOSE),
     # The source's side of validation is calibrate's reference: validate never reads the source files.
     StageName.VALIDATE: (StageName.PACKAGE, StageName.DECOMPOSE, StageName.CALIBRATE),
@@ -59,7 +62,8 @@ def topological_order(inputs: Mapping[StageName, tuple[StageName, ...]],
     a stage in ``defer`` goes only when nothing else is ready."""
     order: list[StageName] = []
     while len(order) < len(inputs):
-        ready = [s for s in StageName if s not in order and all(i in order for i in inputs[s])]
+        ready = [s for s in StageName
+                 if s in inputs and s not in order and all(i in order for i in inputs[s])]
         if not ready:
             raise ValueError(f"the stage graph has a cycle among {sorted(set(inputs) - set(order))}")
         order.append(next((s for s in ready if s not in defer), ready[0]))
@@ -69,13 +73,19 @@ def topological_order(inputs: Mapping[StageName, tuple[StageName, ...]],
 STAGE_ORDER: tuple[StageName, ...] = topological_order(STAGE_INPUTS)
 
 
-def stage_inputs(*, decompose_reads_calibrate: bool = True) -> Mapping[StageName, tuple[StageName, ...]]:
-    """The graph one job runs by: `STAGE_INPUTS`, less decompose's edge from calibrate when its recipe
-    reads no statistics (known when the job is planned)."""
-    if decompose_reads_calibrate:
+def stage_inputs(*, decompose_reads_calibrate: bool = True,
+                 measures_sensitivity: bool = False) -> Mapping[StageName, tuple[StageName, ...]]:
+    """The graph one job runs by (known when the job is planned): `STAGE_INPUTS`, less the sensitivity
+    stage unless its auto recipe allocates on measured costs, and less decompose's edge from calibrate
+    when its recipe reads no statistics."""
+    dropped = set() if measures_sensitivity else {StageName.SENSITIVITY}
+    if not dropped and decompose_reads_calibrate:
         return STAGE_INPUTS
-    decompose = tuple(s for s in STAGE_INPUTS[StageName.DECOMPOSE] if s is not StageName.CALIBRATE)
-    return MappingProxyType({**STAGE_INPUTS, StageName.DECOMPOSE: decompose})
+    graph = {stage: inputs for stage, inputs in STAGE_INPUTS.items() if stage not in dropped}
+    if not decompose_reads_calibrate:
+        dropped.add(StageName.CALIBRATE)
+    graph[StageName.DECOMPOSE] = tuple(s for s in graph[StageName.DECOMPOSE] if s not in dropped)
+    return MappingProxyType(graph)
 
 
 class StageState(StrEnum):
@@ -184,4 +194,4 @@ def downstream_of(stage: StageName, inputs: Mapping[StageName, tuple[StageName, 
                   ) -> tuple[StageName, ...]:
     """`stage` and every stage that depends on it in the graph ``inputs``, directly or through others,
     in `STAGE_ORDER`: what a retry from `stage` re-opens."""
-    return tuple(s for s in STAGE_ORDER if s == stage or stage in upstream_of(s, inputs))
+    return tuple(s for s in STAGE_ORDER if s in inputs and (s == stage or stage in upstream_of(s, inputs)))

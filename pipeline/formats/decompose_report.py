@@ -21,10 +21,11 @@ from pipeline.core.errors import IntegrityError
 from pipeline.core.files import write_json
 from pipeline.formats.gguf.types import GGMLTypeName
 from pipeline.formats.jsonfile import ShapeError, as_dataclass, load_json
+from pipeline.formats.sensitivity import SensitivitySummary
 
 __all__ = [
     "REPORT_FORMAT", "REPORT_NAME", "TensorReport", "Aggregate", "Totals", "Fallback", "SearchTrial",
-    "SearchSummary", "SensitivityStep", "SensitivitySummary", "RungCost", "CandidateSummary",
+    "SearchSummary", "RungCost", "CandidateSummary",
     "AllocationSummary", "ReportHeader", "DecomposeReport",
 ]
 
@@ -168,34 +169,6 @@ class CandidateSummary:
 
     chosen: str
     rungs: tuple[RungCost, ...]
-
-
-@dataclass(frozen=True)
-class SensitivityStep:
-    """One measured step: a group lowered ``depth`` hull rungs below the base (to ``types``), the
-    bytes it saved, the proxy's cost rise for it and the KL it added over the base."""
-
-    group: str
-    depth: int
-    types: tuple[str, ...]
-    saved_bytes: int
-    proxy: float
-    kl_rise: float
-    top1: float
-
-
-@dataclass(frozen=True)
-class SensitivitySummary:
-    """Measured sensitivity (`ternary.sensitivity`): the base file's agreement, every step, and the
-    cost of measuring them (files run, seconds), on the first ``positions`` of ``scored_on``."""
-
-    scored_on: str
-    positions: int
-    base_kl: float
-    base_top1: float
-    files: int
-    seconds: float
-    steps: tuple[SensitivityStep, ...]
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,8 @@ def frontier(latest: Mapping[StageName, StageState],
     in_flight: list[StageName] = []
     stopped: list[StageName] = []
     for stage in order:
+        if stage not in after:
+            continue  # not in this job's graph
         state = latest.get(stage)
         if state in DONE_STATES:
             continue
@@ -65,10 +67,10 @@ def frontier(latest: Mapping[StageName, StageState],
     return Frontier(tuple(ready), tuple(in_flight), tuple(stopped))
 
 
-def progress(latest: Mapping[StageName, StageState]) -> float:
-    """Fraction of stages done, in [0, 1]."""
-    done = sum(1 for stage in STAGE_ORDER if latest.get(stage) in DONE_STATES)
-    return done / len(STAGE_ORDER)
+def progress(latest: Mapping[StageName, StageState], order: Sequence[StageName] = STAGE_ORDER) -> float:
+    """Fraction of the stages of ``order`` (the job's) done, in [0, 1]."""
+    done = sum(1 for stage in order if latest.get(stage) in DONE_STATES)
+    return done / len(order)
 
 
 def retry_stages(

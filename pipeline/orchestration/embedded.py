@@ -35,7 +35,7 @@ _DEFER_S = 1.0
 # What a later stage imports when it runs (decompose: torch, about 1 s, and numba). Loaded in a background
 # thread while the first stages run, which mostly wait on files and on calibrate's llama.cpp
 # child process, so the import no longer lands between stages.
-_WARM_MODULES = ("pipeline.stages.decompose.shard", "pipeline.ternary.kernel")
+_WARM_MODULES = ("pipeline.stages.conversion.shard", "pipeline.ternary.kernel")
 
 
 @dataclass(frozen=True)

@@ -221,6 +221,9 @@ def retry_job(session: Session, job_id: int, from_stage: StageName | None, force
         raise InputError(f"job {job_id} has {', '.join(active)} queued or running; cancel it or wait")
     states = {stage: run.status for stage, run in latest.items()}
     plan = plan_for(job.recipe, job.params)
+    if from_stage is not None and from_stage not in plan.inputs:
+        raise InputError(f"job {job_id} has no {from_stage.value} stage (its stages: "
+                         f"{', '.join(s.value for s in plan.order)}); retry from one of those")
     stages = coordinator.retry_stages(states, from_stage, plan.order, plan.inputs)
     if not stages:
         raise InputError(f"job {job_id} has nothing to retry: every stage succeeded (use --from STAGE)")

@@ -1,6 +1,9 @@
 """A job's own stage graph, decided when the job is planned (from its recipe) and narrowed when
 decompose's verdict is in.
 
+The sensitivity stage is in the graph only of an auto job with ``sensitivity=measured``: it measures
+once per source and ladder what decompose allocates every budget on.
+
 Decompose reads calibrate's outputs only under recipes that ask for statistics (an importance
 matrix, gptq's Gram matrices, a quality target). For every other recipe calibrate's only reader is
 validate, and it needs the source's reference only when the conversion is lossy, which decompose
@@ -68,14 +71,15 @@ class JobPlan:
 def plan_for(recipe: str, options: Mapping[str, Any] | None,
              latest: Mapping[StageName, _Attempt] | None = None) -> JobPlan:
     """The plan of a job with this recipe and these options, given its newest attempts per stage
-    (a recipe that cannot be read keeps the full graph: its stages report the fault)."""
-    from pipeline.ternary.policy import reads_statistics
+    (a recipe that cannot be read keeps every stage but sensitivity: its stages report the fault)."""
+    from pipeline.ternary.policy import MEASURED, get_recipe, reads_statistics
 
     try:
         reads = reads_statistics(recipe, dict(options or {}))
+        measures = get_recipe(recipe, dict(options or {})).sensitivity == MEASURED
     except InputError:
-        reads = True
-    inputs = stage_inputs(decompose_reads_calibrate=reads)
+        reads, measures = True, False
+    inputs = stage_inputs(decompose_reads_calibrate=reads, measures_sensitivity=measures)
     defer = () if reads else (StageName.CALIBRATE,)
     plan = JobPlan(inputs, topological_order(inputs, defer), calibrate_if_lossy=not reads)
     decompose = (latest or {}).get(StageName.DECOMPOSE)

@@ -18,6 +18,7 @@ QUEUE_OF: dict[StageName, str] = {
     StageName.INSPECT: "cpu",
     StageName.PACKAGE: "cpu",
     StageName.CALIBRATE: "gpu",
+    StageName.SENSITIVITY: "gpu",
     StageName.DECOMPOSE: "gpu",
     StageName.VALIDATE: "gpu",
 }
@@ -28,6 +29,7 @@ TIME_LIMITS_S: dict[StageName, tuple[int, int]] = {
     StageName.CHECKSUM: (2 * 3600, 2 * 3600 + 300),
     StageName.INSPECT: (1800, 1900),
     StageName.CALIBRATE: (6 * 3600, 6 * 3600 + 300),
+    StageName.SENSITIVITY: (12 * 3600, 12 * 3600 + 300),
     StageName.DECOMPOSE: (12 * 3600, 12 * 3600 + 300),
     StageName.PACKAGE: (4 * 3600, 4 * 3600 + 300),
     StageName.VALIDATE: (3600, 3900),

@@ -1,4 +1,4 @@
-"""The seven stages, each a module that is a `base.Stage`: NAME, VERSION, make_params(),
+"""The stages, each a module that is a `base.Stage`: NAME, VERSION, make_params(),
 select_inputs(), cache_identity() and run().
 
 ``select_inputs(params, inputs)`` is the subset of its upstream outputs a stage reads for these
@@ -31,5 +31,16 @@ def load_stage(stage: StageName, package: str = "pipeline.stages") -> Stage:
 
 if TYPE_CHECKING:
     # mypy checks every stage module against the Stage protocol here.
-    from pipeline.stages import calibrate, checksum, decompose, download, inspect, package, validate
-    STAGE_MODULES: tuple[Stage, ...] = (download, checksum, inspect, calibrate, decompose, package, validate)
+    from pipeline.stages import (
+        calibrate,
+        checksum,
+        decompose,
+        download,
+        inspect,
+        package,
+        sensitivity,
+        validate,
+    )
+    STAGE_MODULES: tuple[Stage, ...] = (
+        download, checksum, inspect, calibrate, sensitivity, decompose, package, validate,
+    )

@@ -108,9 +108,10 @@ def test_each_layer_imports_only_layers_below_it() -> None:
 
 
 # Shared by every stage: the protocol and contracts (base), the source grammar (sources), the GGUF
-# writer that package runs and decompose's auto search scores (gguf_build); and above them all, the
+# writer that package runs and decompose's auto search scores (gguf_build), the fitting and candidate
+# files that decompose and the measured sensitivity both run (conversion); and above them all, the
 # job options table made from every stage's declarations (options), which no stage reads.
-_STAGE_COMMONS = {"base", "sources", "gguf_build", "options"}
+_STAGE_COMMONS = {"base", "sources", "gguf_build", "conversion", "options"}
 
 
 def test_no_stage_imports_another_stage() -> None:

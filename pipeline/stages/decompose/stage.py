@@ -13,7 +13,6 @@ a time (`shard.decompose_shard`). Also ``report.json`` (`formats.decompose_repor
 from __future__ import annotations
 
 import logging
-import re
 import resource
 import time
 from collections.abc import Mapping
@@ -31,8 +30,9 @@ from pipeline.formats.decompose_report import (
     SearchSummary,
     TensorReport,
 )
-from pipeline.formats.model_card import CARD_NAME, ModelCard
+from pipeline.formats.model_card import ModelCard
 from pipeline.formats.parts import PART_FORMAT, part_name
+from pipeline.formats.sensitivity import SENSITIVITY_NAME, SensitivitySummary
 from pipeline.stages.base import (
     NO_CLIENTS,
     InputFile,
@@ -43,7 +43,14 @@ from pipeline.stages.base import (
     StageResult,
     inputs_of,
 )
-from pipeline.stages.decompose.calibration import load_calibration, wanted_input
+from pipeline.stages.conversion.calibration import load_calibration, wanted_input
+from pipeline.stages.conversion.inputs import (
+    device_fault,
+    fit_memory_need,
+    load_card,
+    resolve_device,
+    source_module,
+)
 from pipeline.stages.decompose.merge import FANOUT, PART_KIND, finish_report
 from pipeline.ternary.policy import AUTO, MEASURED, Recipe, decide, get_recipe, importance_for
 
@@ -51,7 +58,7 @@ if TYPE_CHECKING:
     import torch
 
     from pipeline.formats.parts import PartIndex
-    from pipeline.stages.decompose.auto import Allocation
+    from pipeline.stages.conversion.auto import Allocation
 
 __all__ = ["NAME", "VERSION", "PART_FORMAT", "FANOUT", "Params", "make_params", "select_inputs",
            "cache_identity", "memory_need", "run", "read_part_index", "part_name"]
@@ -60,14 +67,6 @@ NAME = "decompose"
 VERSION = "1"
 
 log = logging.getLogger(__name__)
-_BASE_BYTES = 512 << 20
-
-
-def device_fault(value: str) -> str | None:
-    """Why `value` is no device name, or None when it is one."""
-    if value in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", value):
-        return None
-    return "expected auto, cpu, cuda or cuda:N"
 
 
 @dataclass(frozen=True)
@@ -114,12 +113,7 @@ def make_params(job: JobSpec) -> Params:
 
 def memory_need(params: Params, inputs: Mapping[str, InputFile]) -> MemoryNeed | None:
     """Tensors stream one at a time: a few float32 copies of the largest one (source, fit, codes)."""
-    if f"inspect/{CARD_NAME}" not in inputs or not (card := _load_card(inputs)).tensors:
-        return None
-    largest = max(card.tensors, key=lambda tensor: tensor.numel)
-    return MemoryNeed(_BASE_BYTES + 3 * 4 * largest.numel,
-                      f"0.5 GB + 3 float32 copies of its largest tensor ({largest.name}, "
-                      f"{4 * largest.numel / 1e6:,.0f} MB each)")
+    return fit_memory_need(inputs, NAME)
 
 
 def cache_identity(params: Params, clients: StageClients = NO_CLIENTS) -> str | None:
@@ -132,43 +126,14 @@ def cache_identity(params: Params, clients: StageClients = NO_CLIENTS) -> str | 
 def select_inputs(params: Params, inputs: Mapping[str, InputFile]) -> dict[str, InputFile]:
     """Upstream outputs this recipe reads: calibrate's files only when importance or gptq asks."""
     return {key: item for key, item in inputs.items()
-            if wanted_input(key, params.importance, params.recipe.method, params.recipe.reads_reference)}
+            if wanted_input(key, params.importance, params.recipe.method, params.recipe.has_quality_target)}
 
 
 def read_part_index(path: Path, label: str | None = None) -> PartIndex:
     """The index of a part file, checked against its stored tensors; IntegrityError if it is not one."""
-    from pipeline.stages.decompose.shard import read_part_index as read
+    from pipeline.stages.conversion.shard import read_part_index as read
 
     return read(path, label)
-
-
-def _resolve_device(device: str) -> torch.device:
-    import torch
-
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(f"device {device!r} requested but CUDA is not available on this worker")
-    return torch.device(device)
-
-
-def _load_card(inputs: Mapping[str, InputFile]) -> ModelCard:
-    item = inputs.get(f"inspect/{CARD_NAME}")
-    if item is None:
-        raise InputError(f"decompose needs inspect/{CARD_NAME}; inputs were {sorted(inputs)}")
-    return ModelCard.load(item.path, f"inspect/{CARD_NAME}")
-
-
-def _source_module(card: ModelCard) -> Any:
-    """Where tensors come from: a GGUF file (names and llama.cpp layout as stored, dequantized)
-    or an HF checkpoint (renamed, q/k permuted). Both offer tensor_plan(card) and iter_tensors."""
-    from pipeline.formats.gguf import tensor_source as gguf_source
-
-    if gguf_source.is_gguf_card(card):
-        return gguf_source
-    from pipeline.formats.hf import checkpoint as source
-
-    return source
 
 
 def _planned_bytes(shape: tuple[int, ...], ggml_type: str) -> int:
@@ -192,22 +157,36 @@ def _fit_backend(recipe: Recipe, device: torch.device) -> str:
     return f"torch ({device.type}, {torch.get_num_threads()} threads)"
 
 
+def _measured(inputs: Mapping[str, InputFile]) -> SensitivitySummary:
+    item = inputs.get(f"sensitivity/{SENSITIVITY_NAME}")
+    if item is None:
+        raise InputError(f"sensitivity=measured needs sensitivity/{SENSITIVITY_NAME}; inputs were "
+                         f"{sorted(inputs)}; retry the job from sensitivity (`bonsai retry JOB --from "
+                         "sensitivity`)")
+    return SensitivitySummary.load(item.path, f"sensitivity/{SENSITIVITY_NAME}")
+
+
 def _auto(
     card: ModelCard, files: Mapping[str, Path], plan: list[Any], recipe: Recipe, device: torch.device,
     calibration: Any, inputs: Mapping[str, InputFile], workdir: Path,
 ) -> Allocation:
-    """The auto recipe's allocation: within target_bpw, or the smallest file meeting its quality target."""
-    from pipeline.stages.decompose.auto import RungBytes, choose, measure
-    from pipeline.stages.decompose.calibration import load_reference
-    from pipeline.stages.decompose.shard import stream_options
+    """The auto recipe's allocation: within target_bpw, or the smallest file meeting its quality target;
+    on the sensitivity stage's measured costs with ``sensitivity=measured``."""
+    from pipeline.stages.conversion.auto import RungBytes, choose, measure
+    from pipeline.stages.conversion.sensitivity import apply_measured
+    from pipeline.stages.conversion.shard import stream_options
 
-    source = _source_module(card)
+    source = source_module(card)
     weighted = bool(calibration and calibration.imatrix)
-    if not recipe.reads_reference:
+    measured = _measured(inputs) if recipe.sensitivity == MEASURED else None
+    if not recipe.has_quality_target:
         candidates = measure(source, card, files, plan, device, calibration, stream_options(source), recipe)
-        return choose(candidates, plan, recipe, recipe.target_bpw, weighted)
-    from pipeline.stages.decompose.search import SearchInputs, check_reference, search
-    from pipeline.stages.decompose.sensitivity import measure_sensitivity
+        if measured is not None:
+            candidates = apply_measured(candidates, measured)
+        return choose(candidates, plan, recipe, recipe.target_bpw, weighted, measured)
+    from pipeline.stages.conversion.calibration import load_reference
+    from pipeline.stages.conversion.trial import TrialInputs, check_reference
+    from pipeline.stages.decompose.search import search
 
     reference = load_reference(inputs)
     check_reference(reference)
@@ -215,13 +194,10 @@ def _auto(
     try:
         candidates = measure(source, card, files, plan, device, calibration, stream_options(source),
                              recipe, kept)
-        ctx = SearchInputs(card, plan, recipe, candidates, kept, inputs, reference, workdir)
-        sensitivity = None
-        if recipe.sensitivity == MEASURED:
-            ctx, sensitivity = measure_sensitivity(ctx, weighted)
-        if recipe.has_quality_target:
-            return search(ctx, weighted, sensitivity)
-        return choose(ctx.candidates, plan, recipe, recipe.target_bpw, weighted, sensitivity)
+        if measured is not None:
+            candidates = apply_measured(candidates, measured)
+        return search(TrialInputs(card, plan, recipe, candidates, kept, inputs, reference, workdir), weighted,
+                      measured)
     finally:
         kept.close()
 
@@ -255,13 +231,13 @@ def run(
     or a written part does not read back as planned. torch (through the shard code) loads
     here, not when the module is imported: choosing params and the cache key need no torch.
     """
-    from pipeline.stages.decompose.shard import decompose_shard
+    from pipeline.stages.conversion.shard import decompose_shard
 
     started = time.monotonic()
-    device = _resolve_device(params.device)
-    card = _load_card(inputs)
+    device = resolve_device(params.device)
+    card = load_card(inputs, NAME)
     files = {name: item.path for name, item in inputs_of(inputs, "download").items()}
-    plan = _source_module(card).tensor_plan(card)
+    plan = source_module(card).tensor_plan(card)
     shards = list(card.shards)
     selected = list(params.shards) or shards
     unknown = [s for s in selected if s not in shards]
@@ -287,7 +263,7 @@ def run(
         name = part_name(shards.index(shard) + 1)
         planned = [p for p in plan if p.shard == shard]
         log.info("stage decompose: shard %s (%d tensors) -> %s on %s", shard, len(planned), name, device)
-        rows += decompose_shard(_source_module(card), card, files, shard, workdir / name, planned, decisions,
+        rows += decompose_shard(source_module(card), card, files, shard, workdir / name, planned, decisions,
                                 recipe, device, calibration)
         outputs.append(OutputFile(name, workdir / name, PART_KIND))
     elapsed_s = time.monotonic() - started

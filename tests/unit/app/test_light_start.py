@@ -83,8 +83,9 @@ def test_a_home_starts_without_alembic_or_torch(tmp_path: Path) -> None:
 def test_embedded_runs_load_decompose_libraries_in_the_background() -> None:
     # What run_job warms must be importable, and must be what decompose needs (torch, the kernels).
     loaded = _loaded_after("import pipeline.orchestration.embedded as e\ne.warm_up().join()\n",
-                           ("torch", "pipeline.stages.decompose.shard", "pipeline.ternary.kernel"))
-    assert loaded == {"torch": True, "pipeline.stages.decompose.shard": True, "pipeline.ternary.kernel": True}
+                           ("torch", "pipeline.stages.conversion.shard", "pipeline.ternary.kernel"))
+    assert loaded == {"torch": True, "pipeline.stages.conversion.shard": True,
+                      "pipeline.ternary.kernel": True}
 
 
 def test_the_background_warm_up_loads_the_jobs_cached_kernel_and_compiles_nothing() -> None:

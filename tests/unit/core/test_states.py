@@ -3,7 +3,17 @@ from __future__ import annotations
 import pytest
 
 from pipeline.core.errors import IllegalTransition
-from pipeline.core.states import JobState, StageName, StageState, downstream_of, require
+from pipeline.core.states import (
+    STAGE_INPUTS,
+    STAGE_ORDER,
+    JobState,
+    StageName,
+    StageState,
+    downstream_of,
+    require,
+    stage_inputs,
+    topological_order,
+)
 
 
 def test_normal_attempt_path_is_allowed() -> None:
@@ -33,4 +43,20 @@ def test_mixed_kinds_are_refused() -> None:
 def test_downstream_of_keeps_pipeline_order() -> None:
     assert downstream_of(StageName.PACKAGE) == (StageName.PACKAGE, StageName.VALIDATE)
     assert downstream_of(StageName.DOWNLOAD)[0] is StageName.DOWNLOAD
-    assert len(downstream_of(StageName.DOWNLOAD)) == 7
+    assert downstream_of(StageName.DOWNLOAD) == STAGE_ORDER
+
+
+def test_a_job_graph_has_sensitivity_only_when_it_measures() -> None:
+    plain = stage_inputs(decompose_reads_calibrate=False)
+    assert StageName.SENSITIVITY not in plain
+    assert plain[StageName.DECOMPOSE] == (StageName.DOWNLOAD, StageName.INSPECT)
+    assert topological_order(plain) == tuple(s for s in STAGE_ORDER if s is not StageName.SENSITIVITY)
+    # A retry from calibrate re-opens what the job runs, nothing it does not.
+    assert StageName.SENSITIVITY not in downstream_of(StageName.CALIBRATE, plain)
+    measured = stage_inputs(measures_sensitivity=True)
+    assert measured == STAGE_INPUTS
+    assert downstream_of(StageName.SENSITIVITY, measured) == (
+        StageName.SENSITIVITY, StageName.DECOMPOSE, StageName.PACKAGE, StageName.VALIDATE)
+    order = topological_order(measured)
+    assert order.index(StageName.CALIBRATE) < order.index(StageName.SENSITIVITY) < order.index(
+        StageName.DECOMPOSE)

@@ -17,10 +17,9 @@ from pipeline.formats.decompose_report import (
     RungCost,
     SearchSummary,
     SearchTrial,
-    SensitivityStep,
-    SensitivitySummary,
     TensorReport,
 )
+from pipeline.formats.sensitivity import SensitivityStep, SensitivitySummary
 
 
 def _row(

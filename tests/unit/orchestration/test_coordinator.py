@@ -1,6 +1,13 @@
 from __future__ import annotations
 
-from pipeline.core.states import STAGE_INPUTS, STAGE_ORDER, StageName, StageState, stage_inputs
+from pipeline.core.states import (
+    STAGE_INPUTS,
+    STAGE_ORDER,
+    StageName,
+    StageState,
+    stage_inputs,
+    topological_order,
+)
 from pipeline.orchestration.coordinator import Frontier, frontier, progress, retry_stages
 
 S = StageState
@@ -30,7 +37,9 @@ def test_running_stage_means_wait_and_all_done_means_done() -> None:
     everything = {s: S.SUCCEEDED for s in STAGE_ORDER}
     assert frontier(everything).done
     assert progress(everything) == 1.0
-    assert progress(_done_until(StageName.INSPECT)) == 2 / 7
+    assert progress(_done_until(StageName.INSPECT)) == 2 / 8
+    # A job without the sensitivity stage counts its own seven.
+    assert progress(_done_until(StageName.INSPECT), topological_order(stage_inputs())) == 2 / 7
 
 
 def test_every_stage_whose_inputs_are_done_is_ready_at_once() -> None:

@@ -121,6 +121,9 @@ def test_retry_refuses_a_stage_whose_upstream_did_not_succeed(tmp_path: Path) ->
     assert run_job(rt, job_id) is JobState.FAILED
     with session_scope(rt.sessions) as session, pytest.raises(InputError, match="retry from download"):
         retry_job(session, job_id, StageName.PACKAGE, force=False)
+    # Sensitivity runs only for auto with sensitivity=measured: this job has none to retry.
+    with session_scope(rt.sessions) as session, pytest.raises(InputError, match="has no sensitivity stage"):
+        retry_job(session, job_id, StageName.SENSITIVITY, force=False)
 
 
 def test_cancel_marks_unfinished_attempts(tmp_path: Path) -> None:

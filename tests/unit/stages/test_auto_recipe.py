@@ -59,6 +59,7 @@ def _convert(home: Path, source: Path, target_bpw: float | None, **options: Any)
         assert runs["package"].status == "succeeded", runs["decompose"].error_message
         assert session.get_one(repo.Job, job_id).status in (JobState.SUCCEEDED.value, JobState.FAILED.value)
         validation = dict(runs["validate"].metrics or {}) if "validate" in runs else None
+        states = {stage.value: run.status for stage, run in runs.items()}
     gguf = next(
         path
         for (stage, _name), path in outs.items()
@@ -67,7 +68,7 @@ def _convert(home: Path, source: Path, target_bpw: float | None, **options: Any)
     report = json.loads(outs[(next(s for s, _ in outs if s.value == "decompose"), "report.json")].read_text())
     imatrix = next(path for (stage, name), path in outs.items() if name == "imatrix.gguf")
     return {"gguf": gguf, "report": report, "imatrix": imatrix, "validation": validation,
-            "outputs": {name for _stage, name in outs}}
+            "outputs": {name for _stage, name in outs}, "states": states}
 
 
 def test_budget_holds_and_buys_less_error(float_checkpoint: Path, tmp_path: Path) -> None:
@@ -132,6 +133,7 @@ def test_quality_target_keeps_the_smallest_file_that_meets_it(float_checkpoint: 
 def test_measured_sensitivity_ranks_rungs_by_the_kl_llama_cpp_measures(float_checkpoint: Path,
                                                                        tmp_path: Path) -> None:
     result = _convert(tmp_path / "m", float_checkpoint, 4.0, sensitivity="measured")
+    assert result["states"]["sensitivity"] == "succeeded" and "sensitivity.json" in result["outputs"]
     allocation = result["report"]["allocation"]
     measured = allocation["sensitivity"]
     steps, candidates = measured["steps"], allocation["candidates"]
@@ -154,3 +156,13 @@ def test_measured_sensitivity_ranks_rungs_by_the_kl_llama_cpp_measures(float_che
     assert allocation["spent_bytes"] <= allocation["budget_bytes"]
     reasons = [t["reason"] for t in result["report"]["tensors"] if t["name"] in candidates]
     assert reasons and all("measured KL (nats) by rung" in reason for reason in reasons)
+    # Measured once per source and ladder: another budget's job reuses the measurement, and its
+    # allocation is nested in the larger budget's (no tensor goes down a rung).
+    larger = _convert(tmp_path / "m", float_checkpoint, 6.0, sensitivity="measured")
+    assert larger["states"]["sensitivity"] == "skipped-cached"
+    assert larger["report"]["allocation"]["sensitivity"] == measured
+    more = larger["report"]["allocation"]["candidates"]
+    for name, candidate in candidates.items():
+        order = [r["type"] for r in sorted(candidate["rungs"], key=lambda r: r["n_bytes"])]
+        assert order.index(more[name]["chosen"]) >= order.index(candidate["chosen"]), name
+    assert larger["report"]["allocation"]["spent_bytes"] > allocation["spent_bytes"]

@@ -108,9 +108,15 @@ def test_decompose_reads_calibration_only_when_asked() -> None:
     assert "calibrate/gram/blk.0.safetensors" in gptq and "calibrate/reference.npz" not in gptq
     with pytest.raises(InputError, match="importance=imatrix weights the optimal fit"):
         decompose.make_params(JobSpec("x", options={"importance": "imatrix", "method": "absmean"}))
+    # Measured sensitivity: its own stage runs the files; decompose reads its costs, not the reference.
+    inputs["sensitivity/sensitivity.json"] = InputFile("sensitivity.json", Path("s"), "0" * 64, 1)
     measured = decompose.select_inputs(
         decompose.make_params(JobSpec("x", recipe="auto", options={"sensitivity": "measured"})), inputs)
-    assert "calibrate/reference.npz" in measured and "calibrate/imatrix.gguf" in measured
+    assert "calibrate/reference.npz" not in measured and "calibrate/imatrix.gguf" in measured
+    assert "sensitivity/sensitivity.json" in measured
+    searched = decompose.select_inputs(
+        decompose.make_params(JobSpec("x", recipe="auto", options={"min_top1": 0.6})), inputs)
+    assert "calibrate/reference.npz" in searched
     # Files are scored on the calibration text, which calibrate covers only when it makes an imatrix.
     for scored in ({"sensitivity": "measured"}, {"min_top1": 0.6}):
         with pytest.raises(InputError, match="drop importance=none"):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.stages.decompose import shard
+from pipeline.stages.conversion import shard
 from pipeline.ternary.pack import decode_bytes, encode_plain
 
 

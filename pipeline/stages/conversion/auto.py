@@ -24,11 +24,11 @@ from pipeline.formats.decompose_report import (
     AllocationSummary,
     CandidateSummary,
     RungCost,
-    SensitivitySummary,
 )
 from pipeline.formats.gguf.types import GGMLTypeName
 from pipeline.formats.model_card import ModelCard
-from pipeline.stages.decompose.calibration import CalibrationInputs
+from pipeline.formats.sensitivity import SensitivitySummary
+from pipeline.stages.conversion.calibration import CalibrationInputs
 from pipeline.ternary.allocate import Rung, allocate, ladder, rung_label
 from pipeline.ternary.codecs import decompose_packed
 from pipeline.ternary.pack import decode_bytes, encode_plain, tensor_nbytes
@@ -150,7 +150,7 @@ def measure(
 ) -> Candidates:
     """Every candidate tensor of every shard on every rung of its ladder. With ``keep``, every
     rung's bytes go there, and so do every other tensor's bytes under ``recipe``."""
-    from pipeline.stages.decompose.shard import encode_tensor
+    from pipeline.stages.conversion.shard import encode_tensor
 
     rungs: dict[str, list[Rung]] = {}
     for shard in card.shards:
@@ -159,7 +159,7 @@ def measure(
             if _is_candidate(name, shape) and ladder(shape[1], name not in _HEADS):
                 rungs[name] = _rungs(name, weight, device, calibration, keep)
                 log.debug(
-                    "stage decompose: auto measured %s: %s",
+                    "auto measured %s: %s",
                     name,
                     ", ".join(f"{r.label} {r.cost:.4g}" for r in rungs[name]),
                 )

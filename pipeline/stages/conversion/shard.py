@@ -25,8 +25,8 @@ from pipeline.formats.gguf.types import GGMLTypeName
 from pipeline.formats.model_card import ModelCard
 from pipeline.formats.parts import PartEntry, PartIndex
 from pipeline.formats.rawio import pread_exact
-from pipeline.stages.decompose.calibration import CalibrationInputs
-from pipeline.stages.decompose.repack import TERNARY_SOURCE_TYPES, repack
+from pipeline.stages.conversion.calibration import CalibrationInputs
+from pipeline.stages.conversion.repack import TERNARY_SOURCE_TYPES, repack
 from pipeline.ternary.codecs import decompose_packed
 from pipeline.ternary.codecs.base import rows_per_block
 from pipeline.ternary.exactness import decodes_exactly

@@ -1,0 +1,68 @@
+"""The measured sensitivity (``sensitivity/sensitivity.json``): the KL each group step of the auto
+recipe adds over a high-precision base, as llama.cpp measured it (`ternary.sensitivity`).
+
+The contract between the sensitivity stage (which writes it once per source and ladder) and
+decompose (which allocates every budget on it, and keeps a copy in its report's allocation). One
+`load` (size-capped, IntegrityError naming the file and the fix) and one `write`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.errors import IntegrityError
+from pipeline.core.files import write_json
+from pipeline.formats.jsonfile import ShapeError, as_dataclass, load_json
+
+__all__ = ["SENSITIVITY_FORMAT", "SENSITIVITY_NAME", "SensitivityStep", "SensitivitySummary"]
+
+SENSITIVITY_FORMAT = "sensitivity/1"
+SENSITIVITY_NAME = "sensitivity.json"
+_MAX_BYTES = 16 * 1024 * 1024
+_FIX = "retry the job from sensitivity (`bonsai retry JOB --from sensitivity`)"
+
+
+@dataclass(frozen=True)
+class SensitivityStep:
+    """One measured step: a group lowered ``depth`` hull rungs below the base (to ``types``), the
+    bytes it saved, the proxy's cost rise for it and the KL it added over the base."""
+
+    group: str
+    depth: int
+    types: tuple[str, ...]
+    saved_bytes: int
+    proxy: float
+    kl_rise: float
+    top1: float
+
+
+@dataclass(frozen=True)
+class SensitivitySummary:
+    """Measured sensitivity (`ternary.sensitivity`): the base file's agreement, every step, and the
+    cost of measuring them (files run, seconds), on the first ``positions`` of ``scored_on``."""
+
+    scored_on: str
+    positions: int
+    base_kl: float
+    base_top1: float
+    files: int
+    seconds: float
+    steps: tuple[SensitivityStep, ...]
+
+
+    def write(self, path: Path) -> str:
+        """Write the summary atomically at `path`; returns the JSON text."""
+        return write_json(path, {"format": SENSITIVITY_FORMAT, **asdict(self)}, indent=1, allow_nan=False)
+
+    @classmethod
+    def load(cls, path: Path, label: str = SENSITIVITY_NAME) -> SensitivitySummary:
+        """Read a summary from `path` (at most 16 MB); IntegrityError naming `label` when it is not one."""
+        document: Any = load_json(path, label, max_bytes=_MAX_BYTES, error=IntegrityError, fix=_FIX)
+        if not isinstance(document, dict) or document.pop("format", None) != SENSITIVITY_FORMAT:
+            raise IntegrityError(f"{label}: not a {SENSITIVITY_FORMAT} document; {_FIX}")
+        try:
+            return as_dataclass(cls, document)
+        except ShapeError as exc:
+            raise IntegrityError(f"{label}: not a valid measured sensitivity ({exc}); {_FIX}") from None
