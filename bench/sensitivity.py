@@ -10,11 +10,15 @@ sensitivity=measured`` job's sensitivity stage, where every rung's bytes are kep
 - the bench prints every step (bytes saved, the proxy's cost rise, the measured KL rise) and the
   Spearman rank correlation between proxy and measurement: over all steps, over each group's first
   step, per byte saved, and within one matrix kind (the median over kinds);
-- then, for every ``target_bpw`` of ``--sweep``, the allocation on the proxy's costs and the one
-  on the measured costs are written (package's writer, from the kept bytes) and scored on
-  bench/fidelity.py's held-out text (which no calibration saw): top-1 and KL against the source's
-  own logits; the measured allocation also on the calibration text, beside its predicted KL (base
-  KL plus its rungs' measured costs: how far the groups' rises add up);
+- the stage then walks its measured chain (`ternary.sensitivity.descend`: each step measured on
+  top of the steps before it), whose files cost ``chain_files``;
+- then, for every ``target_bpw`` of ``--sweep``, three allocations are written (package's writer,
+  from the kept bytes) and scored on bench/fidelity.py's held-out text (which no calibration saw):
+  top-1 and KL against the source's own logits. ``proxy``: the allocator on the proxy's costs;
+  ``single``: the allocator on the single-group measured costs (the previous measured mode);
+  ``chain``: the chain's first point that fits (what ``sensitivity=measured`` does now). The
+  measured ones also on the calibration text, beside their predicted KL (single: the base KL plus
+  the rungs' measured costs; chain: the chain file's own measured KL);
 - then a second job on the same source at ``--reuse-bpw``: its sensitivity stage is reused from the
   cache (measured once per source and ladder), and the bench prints what that job took.
 
@@ -22,13 +26,14 @@ sensitivity=measured`` job's sensitivity stage, where every rung's bytes are kep
         [--reuse-bpw 5.0]
 
 Last line: ``sensitivity: groups=… points=… spearman=… spearman_depth1=… spearman_per_byte=…
-spearman_within_kind_median=… base_kl=… measure_files=… measure_s=… proxy_violations=…
-measured_violations=… measured_better=… predicted_error_median=… reused=… later_job_s=… seconds=…``
-(reused: the second job's sensitivity stage state; violations: sweep
-budgets whose held-out KL is more than 0.02 above the budget before; measured_better: budgets
-where the measured allocation's held-out KL is the lower; predicted_error: |predicted - measured|
-KL on the calibration text over the measured KL). Targets (issue 28): spearman >= 0.9 for the proxy
-to stand in for the measurement; otherwise the measured costs, with no violation.
+spearman_within_kind_median=… base_kl=… measure_files=… measure_s=… reused=… later_job_s=…
+chain_files=… {proxy,single,chain}_violations=… {proxy,single,chain}_rungs_down=… single_better=…
+chain_better=… budgets=… {single,chain}_predicted_error_median=… seconds=…`` (reused: the second
+job's sensitivity stage state; violations: sweep budgets whose held-out KL is more than 0.02
+above the budget before; *_better: budgets where that allocation's held-out KL is below the
+proxy's; predicted_error: |predicted - measured| KL on the calibration text over the measured KL).
+Targets (issue 28): spearman >= 0.9 for the proxy to stand in for the measurement; otherwise the
+measured allocation, with no violation.
 """
 
 from __future__ import annotations
@@ -99,16 +104,18 @@ class Point:
 
 def sweep(ctx: Any, measured_ctx: Any, summary: Any, weighted: bool, targets: list[float],
           held_out: tuple[list[int], Any], positions: int) -> dict[str, list[Point]]:
-    """Both allocations at every target, scored on the held-out text (the measured one also on the
-    calibration text, beside its prediction)."""
+    """The three allocations at every target, scored on the held-out text (the measured ones also on
+    the calibration text, beside their prediction)."""
     from pipeline.calibration.agreement import score_gguf
     from pipeline.calibration.answers import CALIBRATION
     from pipeline.stages.conversion.auto import choose
     from pipeline.stages.conversion.trial import assemble
 
-    out: dict[str, list[Point]] = {"proxy": [], "measured": []}
+    out: dict[str, list[Point]] = {"proxy": [], "single": [], "chain": []}
+    models = (("proxy", ctx, None), ("single", measured_ctx, replace(summary, chain=())),
+              ("chain", measured_ctx, summary))
     for bpw in targets:
-        for model, here, sens in (("proxy", ctx, None), ("measured", measured_ctx, summary)):
+        for model, here, sens in models:
             allocation = choose(here.candidates, here.plan, here.recipe, bpw, weighted, sens)
             folder = ctx.workdir / f".sweep-{model}-{bpw}"
             shutil.rmtree(folder, ignore_errors=True)
@@ -228,22 +235,32 @@ def main(argv: list[str] | None = None) -> int:
     }
     points = found["sweep"]
     if targets:
-        print(f"\n{'target_bpw':>10} | {'proxy MB':>8} {'top-1':>6} {'KL':>7} | {'measured MB':>11} "
-              f"{'top-1':>6} {'KL':>7} {'calib KL':>8} {'predicted':>9}")
-        for a, b in zip(points["proxy"], points["measured"], strict=True):
-            print(f"{a.bpw:>10.1f} | {a.size / 1e6:8.1f} {a.top1:6.3f} {a.kl:7.4f} | {b.size / 1e6:11.1f} "
-                  f"{b.top1:6.3f} {b.kl:7.4f} {b.calibration_kl:8.4f} {b.predicted_kl:9.4f}")
-        errors = sorted(abs(b.predicted_kl - b.calibration_kl) / max(b.calibration_kl, 1e-9)
-                        for b in points["measured"])
+        print(f"\n{'target_bpw':>10} | {'proxy MB':>8} {'top-1':>6} {'KL':>7} | {'single MB':>9} "
+              f"{'top-1':>6} {'KL':>7} {'calib KL':>8} {'predicted':>9} | {'chain MB':>8} {'top-1':>6} "
+              f"{'KL':>7} {'calib KL':>8} {'predicted':>9}")
+        for a, b, c in zip(points["proxy"], points["single"], points["chain"], strict=True):
+            print(f"{a.bpw:>10.1f} | {a.size / 1e6:8.1f} {a.top1:6.3f} {a.kl:7.4f} | {b.size / 1e6:9.1f} "
+                  f"{b.top1:6.3f} {b.kl:7.4f} {b.calibration_kl:8.4f} {b.predicted_kl:9.4f} | "
+                  f"{c.size / 1e6:8.1f} {c.top1:6.3f} {c.kl:7.4f} {c.calibration_kl:8.4f} "
+                  f"{c.predicted_kl:9.4f}")
+
+        def error_median(model: str) -> str:
+            errors = sorted(abs(b.predicted_kl - b.calibration_kl) / max(b.calibration_kl, 1e-9)
+                            for b in points[model])
+            return f"{errors[len(errors) // 2]:.2f}"
+
+        def better(model: str) -> int:
+            return sum(1 for a, b in zip(points["proxy"], points[model], strict=True) if b.kl < a.kl)
+
         figures.update({
-            "proxy_violations": _violations(points["proxy"]),
-            "measured_violations": _violations(points["measured"]),
-            "proxy_rungs_down": _rungs_down(points["proxy"]),
-            "measured_rungs_down": _rungs_down(points["measured"]),
-            "measured_better": sum(1 for a, b in zip(points["proxy"], points["measured"], strict=True)
-                                   if b.kl < a.kl),
+            "chain_files": summary.files - 1 - len(steps),
+            **{f"{model}_violations": _violations(points[model]) for model in points},
+            **{f"{model}_rungs_down": _rungs_down(points[model]) for model in points},
+            "single_better": better("single"),
+            "chain_better": better("chain"),
             "budgets": len(targets),
-            "predicted_error_median": f"{errors[len(errors) // 2]:.2f}",
+            "single_predicted_error_median": error_median("single"),
+            "chain_predicted_error_median": error_median("chain"),
         })
     figures["seconds"] = f"{time.monotonic() - started:.0f}"
     print("sensitivity: " + " ".join(f"{k}={v}" for k, v in figures.items()))

@@ -16,7 +16,7 @@ from pipeline.core.errors import IntegrityError
 from pipeline.core.files import write_json
 from pipeline.formats.jsonfile import ShapeError, as_dataclass, load_json
 
-__all__ = ["SENSITIVITY_FORMAT", "SENSITIVITY_NAME", "SensitivityStep", "SensitivitySummary"]
+__all__ = ["SENSITIVITY_FORMAT", "SENSITIVITY_NAME", "SensitivityStep", "ChainStep", "SensitivitySummary"]
 
 SENSITIVITY_FORMAT = "sensitivity/1"
 SENSITIVITY_NAME = "sensitivity.json"
@@ -39,9 +39,24 @@ class SensitivityStep:
 
 
 @dataclass(frozen=True)
+class ChainStep:
+    """One step down the measured chain: ``group`` lowered to ``depth`` on top of every step before
+    it, the bytes it saved, and the KL and top-1 of the file with all those steps (None past the
+    point where the file broke and measuring stopped: there the order is the single steps')."""
+
+    group: str
+    depth: int
+    saved_bytes: int
+    kl: float | None
+    top1: float | None
+
+
+@dataclass(frozen=True)
 class SensitivitySummary:
     """Measured sensitivity (`ternary.sensitivity`): the base file's agreement, every step, and the
-    cost of measuring them (files run, seconds), on the first ``positions`` of ``scored_on``."""
+    cost of measuring them (files run, seconds), on the first ``positions`` of ``scored_on``; and the
+    chain: from the base down to every tensor's cheapest hull rung, one group step at a time, each
+    the step that added least KL per byte on top of those before it (`ternary.sensitivity`)."""
 
     scored_on: str
     positions: int
@@ -50,7 +65,7 @@ class SensitivitySummary:
     files: int
     seconds: float
     steps: tuple[SensitivityStep, ...]
-
+    chain: tuple[ChainStep, ...] = ()
 
     def write(self, path: Path) -> str:
         """Write the summary atomically at `path`; returns the JSON text."""

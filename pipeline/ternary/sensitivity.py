@@ -21,25 +21,41 @@ many groups are low at once (at 4.0 bpw: 0.96 predicted, 2.77 measured): the err
 Measuring the bottom steps from an all-cheapest file instead does not help: that file is broken
 (KL 3.2) and raising one group changes it by noise.
 
+So the allocations follow a measured chain instead (`descend`): from the base, one group step at a
+time, the step that adds least KL per byte *on top of the steps already taken*, each measured in
+that context (lazily: a step's single-group rise is its estimate until it is the best one). A
+budget takes the chain's first point that fits (`along_chain`): nested by construction, and the
+KL of every point down to the one where the file breaks (`STOP_KL`) was measured, not summed.
+
 Example::
 
     groups = groups_of(list(rungs))
     rises = {("ffn_down[0-5]", 1): 0.128, ("ffn_down[0-5]", 2): 0.9, ...}  # measured in llama.cpp
     costs = measured_rungs(rungs, groups, rises)
-    allocate(costs, budget_bytes)
+    chain = descend(rungs, groups, rises, base_kl, run_in_llama_cpp)
+    chosen, _ = along_chain(costs, groups, chain, budget_bytes)
 """
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
+from pipeline.formats.sensitivity import ChainStep
 from pipeline.ternary.allocate import Rung, hull
 
-__all__ = ["groups_of", "depths_of", "lowered", "measured_rungs", "predicted_kl", "SPANS"]
+__all__ = ["groups_of", "depths_of", "lowered", "measured_rungs", "predicted_kl", "descend", "along_chain",
+           "step_bytes", "SPANS", "STOP_KL", "SLACK"]
 
 SPANS = 3  # layer spans per matrix kind: 3 x 7 kinds + the heads, about 22 files per depth
+# Past this KL over the source (nats) a file is broken (Gemma 3 270M fails validation from about 0.5):
+# the chain below it is ordered by the single steps, not measured.
+STOP_KL = 1.0
+# A re-measured step is taken while its KL per byte is within this factor of the next step's estimate:
+# a closer race is noise at a few hundred positions, and each re-measure is a file.
+SLACK = 1.25
 
 
 def groups_of(names: Sequence[str], spans: int = SPANS) -> dict[str, list[str]]:
@@ -124,3 +140,73 @@ def predicted_kl(base_kl: float, rungs: Mapping[str, Sequence[Rung]], chosen: Ma
     """The KL an allocation should have if the groups' measured rises add up: the base's plus every
     chosen rung's measured cost."""
     return base_kl + sum(rungs[name][index].cost for name, index in chosen.items())
+
+
+def step_bytes(rungs: Mapping[str, Sequence[Rung]], names: Sequence[str], depth: int) -> int:
+    """Bytes a group saves going from ``depth - 1`` to ``depth``."""
+    above, below = lowered(rungs, names, depth - 1), lowered(rungs, names, depth)
+    return sum(rungs[n][above[n]].n_bytes - rungs[n][below[n]].n_bytes for n in names)
+
+
+def descend(
+    rungs: Mapping[str, Sequence[Rung]], groups: Mapping[str, Sequence[str]],
+    rises: Mapping[tuple[str, int], float], base_kl: float,
+    measure: Callable[[dict[str, int]], tuple[float, float]], stop_kl: float = STOP_KL, slack: float = SLACK,
+) -> list[ChainStep]:
+    """The chain from the base (depth 0 everywhere) to every group's deepest step, one group step at
+    a time: each time, the step that adds least KL per byte saved *on top of the steps taken*.
+
+    Lazy greedy: a step's estimate starts as its single-group rise (``rises``, from the base) per
+    byte; the best estimate is measured in context (``measure(chosen)``: the file's KL and top-1)
+    and taken if it is still within ``slack`` of the next estimate, else it goes back with its fresh
+    figure. Lowering more makes each step dearer, so the estimates are mostly low and the fresh
+    figures keep their order. Once a taken file's KL reaches ``stop_kl`` the file is broken and
+    measuring stops: the rest of the chain follows the estimates, with no KL."""
+    depth = {group: 0 for group in groups}
+    chosen = lowered(rungs, [n for names in groups.values() for n in names], 0)
+    kl_now, version, measuring = base_kl, 0, True
+
+    def estimate(group: str, step: int) -> tuple[float, str, int, float, float]:
+        rise = rises[(group, step)] - (rises[(group, step - 1)] if step > 1 else 0.0)
+        return rise / max(1, step_bytes(rungs, groups[group], step)), group, -1, math.nan, math.nan
+
+    heap = [estimate(group, 1) for group, names in groups.items() if depths_of(rungs, names) >= 1]
+    heapq.heapify(heap)
+    chain: list[ChainStep] = []
+    while heap:
+        key, group, seen, kl, top1 = heapq.heappop(heap)
+        step = depth[group] + 1
+        there = {**chosen, **lowered(rungs, groups[group], step)}
+        saved = step_bytes(rungs, groups[group], step)
+        if measuring and seen != version:
+            kl, top1 = measure(there)
+            key = (kl - kl_now) / max(1, saved)
+            if heap and key > heap[0][0] + abs(heap[0][0]) * (slack - 1.0):
+                heapq.heappush(heap, (key, group, version, kl, top1))
+                continue
+        chain.append(ChainStep(group, step, saved, round(kl, 6) if measuring else None,
+                               round(top1, 6) if measuring else None))
+        chosen, depth[group], version = there, step, version + 1
+        if measuring:
+            kl_now = kl
+            measuring = kl_now < stop_kl
+        if step < depths_of(rungs, groups[group]):
+            heapq.heappush(heap, estimate(group, step + 1))
+    return chain
+
+
+def along_chain(rungs: Mapping[str, Sequence[Rung]], groups: Mapping[str, Sequence[str]],
+                chain: Sequence[ChainStep], budget_bytes: int) -> tuple[dict[str, int], int]:
+    """The first point of the chain (from the base down) whose tensors fit ``budget_bytes``: the rung
+    index of each tensor, and how many chain steps it took (0: the base). A larger budget stops
+    earlier, so it holds every rung a smaller one does and more: allocations are nested."""
+    chosen = lowered(rungs, [n for names in groups.values() for n in names], 0)
+    size = sum(rungs[name][index].n_bytes for name, index in chosen.items())
+    taken = 0
+    for step in chain:
+        if size <= budget_bytes:
+            break
+        chosen.update(lowered(rungs, groups[step.group], step.depth))
+        size -= step.saved_bytes
+        taken += 1
+    return chosen, taken

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from pipeline.ternary.allocate import Rung, allocate, ladder, rung_label
 from pipeline.ternary.codecs import decompose_packed
 from pipeline.ternary.pack import decode_bytes, encode_plain, tensor_nbytes
 from pipeline.ternary.policy import LINEAR_KINDS, Recipe, TensorDecision, decide
-from pipeline.ternary.sensitivity import predicted_kl
+from pipeline.ternary.sensitivity import along_chain, groups_of, predicted_kl
 
 __all__ = ["Allocation", "Candidates", "RungBytes", "measure", "choose", "allocation_of", "budget_of",
            "label_of"]
@@ -177,10 +177,18 @@ def choose(
     sensitivity: SensitivitySummary | None = None,
 ) -> Allocation:
     """Decisions for every planned tensor with the candidates' types picked within ``bpw`` bits per
-    weight over them. ``sensitivity``: the candidates' costs are measured KL (`measured_rungs`)."""
+    weight over them. ``sensitivity``: the candidates' costs are measured KL (`measured_rungs`), and
+    with its chain the types are the chain's first point that fits (`along_chain`)."""
     budget = budget_of(candidates, bpw)
-    return allocation_of(candidates, plan, recipe, allocate(candidates.rungs, budget), bpw, weighted,
-                         sensitivity)
+    if sensitivity is None or not sensitivity.chain:
+        return allocation_of(candidates, plan, recipe, allocate(candidates.rungs, budget), bpw, weighted,
+                             sensitivity)
+    rungs = candidates.rungs
+    chosen, taken = along_chain(rungs, groups_of(list(rungs)), sensitivity.chain, budget)
+    made = allocation_of(candidates, plan, recipe, chosen, bpw, weighted, sensitivity)
+    point = sensitivity.chain[taken - 1].kl if taken else sensitivity.base_kl
+    # The chain's file at this point was run: its KL is measured, not summed from single steps.
+    return made if point is None else replace(made, summary=replace(made.summary, predicted_kl=point))
 
 
 def allocation_of(

@@ -8,8 +8,12 @@ depth its hull reaches, the file with that group lowered, each written from the 
 Gemma 3 270M: 22 groups, 44 steps), is in the summary. Nothing in it depends on the budget, so
 one measurement serves every budget and every later job on the same source and ladder.
 
+Then it walks the chain (`ternary.sensitivity.descend`): from the base, one group step at a time,
+the step that adds least KL on top of those taken, measured in that context; so the files of the
+chain, which decompose's allocations are points of, account for how the groups' errors compound.
+
 `apply_measured` (decompose) turns it into the candidates' rung costs, after checking that it was
-measured on the rungs decompose fitted.
+measured on the rungs decompose fitted; `auto.choose` then takes the chain's first point that fits.
 """
 
 from __future__ import annotations
@@ -20,11 +24,11 @@ from dataclasses import replace
 
 from pipeline.calibration.answers import CALIBRATION
 from pipeline.core.errors import IntegrityError
-from pipeline.formats.sensitivity import SensitivityStep, SensitivitySummary
+from pipeline.formats.sensitivity import ChainStep, SensitivityStep, SensitivitySummary
 from pipeline.stages.conversion.auto import Candidates, allocation_of
 from pipeline.stages.conversion.trial import TRIAL_POSITIONS, TrialInputs, score_allocation
 from pipeline.ternary.allocate import Rung
-from pipeline.ternary.sensitivity import depths_of, groups_of, lowered, measured_rungs
+from pipeline.ternary.sensitivity import depths_of, descend, groups_of, lowered, measured_rungs, step_bytes
 
 __all__ = ["measure_steps", "apply_measured"]
 
@@ -73,10 +77,28 @@ def measure_steps(ctx: TrialInputs, weighted: bool, positions: int = TRIAL_POSIT
         steps.append(replace(step, kl_rise=round(kl - base_kl, 6), top1=round(top1, 6)))
         log.info("stage sensitivity: %s -%d (%s): KL +%.4f", step.group, step.depth, ",".join(step.types),
                  steps[-1].kl_rise)
+    single = files
+    chain = descend(rungs, groups, {(s.group, s.depth): s.kl_rise for s in steps}, base_kl, score)
+    log.info("stage sensitivity: the chain took %d files for %d steps (measured down to KL %.3f)",
+             files - single, len(chain), max((c.kl for c in chain if c.kl is not None), default=base_kl))
     return SensitivitySummary(
         scored_on=CALIBRATION, positions=positions, base_kl=round(base_kl, 6), base_top1=round(base_top1, 6),
-        files=files, seconds=round(time.monotonic() - started, 3), steps=tuple(steps),
+        files=files, seconds=round(time.monotonic() - started, 3), steps=tuple(steps), chain=tuple(chain),
     )
+
+
+def _chain_fits(rungs: dict[str, list[Rung]], chain: tuple[ChainStep, ...]) -> bool:
+    """Whether the chain takes each group's steps in order, to its deepest, saving the bytes they save."""
+    groups = groups_of(list(rungs))
+    depth = dict.fromkeys(groups, 0)
+    for step in chain:
+        names = groups.get(step.group)
+        if names is None or step.depth != depth[step.group] + 1:
+            return False
+        if step.saved_bytes != step_bytes(rungs, names, step.depth):
+            return False
+        depth[step.group] = step.depth
+    return all(depth[group] == depths_of(rungs, names) for group, names in groups.items())
 
 
 def apply_measured(candidates: Candidates, measured: SensitivitySummary) -> Candidates:
@@ -85,6 +107,8 @@ def apply_measured(candidates: Candidates, measured: SensitivitySummary) -> Cand
     rungs = candidates.rungs
     here = {(s.group, s.depth): (s.types, s.saved_bytes) for s in _steps(rungs)}
     there = {(s.group, s.depth): (s.types, s.saved_bytes) for s in measured.steps}
+    if measured.chain and not _chain_fits(rungs, measured.chain):
+        raise IntegrityError(f"sensitivity.json's chain does not go down the rungs decompose fitted; {_FIX}")
     if here != there:
         odd = sorted(set(here.items()) ^ set(there.items()))[:3]
         raise IntegrityError(f"sensitivity.json was measured on other rungs than decompose fitted "

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.errors import InputError, IntegrityError
-from pipeline.formats.sensitivity import SensitivityStep, SensitivitySummary
+from pipeline.formats.sensitivity import ChainStep, SensitivityStep, SensitivitySummary
 from pipeline.stages import sensitivity
 from pipeline.stages.base import JobSpec
 from pipeline.stages.conversion.auto import Candidates
 from pipeline.stages.conversion.sensitivity import apply_measured
 from pipeline.ternary.allocate import Rung
-from pipeline.ternary.sensitivity import depths_of, groups_of, lowered
+from pipeline.ternary.sensitivity import depths_of, groups_of, lowered, step_bytes
 
 
 def _ladder(costs: list[float]) -> list[Rung]:
@@ -76,6 +76,14 @@ def test_a_measurement_of_other_rungs_is_refused() -> None:
         apply_measured(refit, measured)  # Q4_K is now off the hull: the embedding's steps differ
     with pytest.raises(IntegrityError, match="measured on other rungs"):
         apply_measured(candidates, replace(measured, steps=measured.steps[:-1]))
+    # The chain must go down these rungs, each group's steps in order, to the bottom.
+    rungs, groups = candidates.rungs, groups_of(list(candidates.rungs))
+    chain = tuple(ChainStep(s.group, s.depth, step_bytes(rungs, groups[s.group], s.depth), 0.1, 0.9)
+                  for s in measured.steps)
+    assert apply_measured(candidates, replace(measured, chain=chain)).rungs.keys() == candidates.rungs.keys()
+    for broken in (chain[1:], chain[::-1], (replace(chain[0], saved_bytes=1), *chain[1:])):
+        with pytest.raises(IntegrityError, match="chain does not go down the rungs decompose fitted"):
+            apply_measured(candidates, replace(measured, chain=broken))
 
 
 def test_the_budget_and_the_quality_target_are_not_in_its_parameters() -> None:

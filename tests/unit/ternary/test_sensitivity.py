@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from pipeline.ternary.allocate import Rung, allocate, hull
-from pipeline.ternary.sensitivity import depths_of, groups_of, lowered, measured_rungs, predicted_kl
+from pipeline.ternary.sensitivity import (
+    along_chain,
+    depths_of,
+    descend,
+    groups_of,
+    lowered,
+    measured_rungs,
+    predicted_kl,
+)
 
 
 def _ladder(costs: list[float], cols: int = 1) -> list[Rung]:
@@ -89,3 +99,61 @@ def test_a_depth_without_a_measurement_is_an_error() -> None:
     rungs = {"x": _ladder([9.0, 5.0, 2.0, 1.0])}
     with pytest.raises(ValueError, match="no measured rise for group x at depth 2"):
         measured_rungs(rungs, {"x": ["x"]}, {("x", 1): 0.1})
+
+
+def _interacting(rungs: dict[str, list[Rung]], groups: dict[str, list[str]],
+                 alone: dict[tuple[str, int], float]) -> tuple[list[dict[str, int]], Any]:
+    """A stand-in for llama.cpp: a group's own rise at its depth, and the errors compound: with two
+    attn groups low, attn's rises are three times as large. Records every file it 'runs'."""
+    runs: list[dict[str, int]] = []
+
+    def measure(chosen: dict[str, int]) -> tuple[float, float]:
+        runs.append(chosen)
+        depth = {g: next(d for d in range(4) if lowered(rungs, names, d) == {n: chosen[n] for n in names})
+                 for g, names in groups.items()}
+        attn_low = sum(1 for g, d in depth.items() if d and g.startswith("attn"))
+        kl = 0.01 + sum(alone[(g, d)] * (3.0 if g.startswith("attn") and attn_low > 1 else 1.0)
+                        for g, d in depth.items() if d)
+        return kl, 1.0 - kl
+
+    return runs, measure
+
+
+def test_the_chain_measures_each_step_in_context_and_stops_measuring_where_files_break() -> None:
+    names = [f"blk.{i}.{k}.weight" for i in range(2) for k in ("attn_q", "ffn_down")]
+    rungs = {n: _ladder([9.0, 5.0, 2.0, 0.5]) for n in names}
+    groups = groups_of(names, spans=2)
+    assert sorted(groups) == ["attn_q[0-0]", "attn_q[1-1]", "ffn_down[0-0]", "ffn_down[1-1]"]
+    # Alone from the base, attn looks cheapest; once another attn group is low it is the dearest.
+    alone = {(g, d): (0.02 if g.startswith("attn") else 0.05) * d for g in groups for d in (1, 2)}
+    runs, measure = _interacting(rungs, groups, alone)
+    chain = descend(rungs, groups, alone, 0.01, measure, stop_kl=0.3)
+    # Every group goes down its hull (two steps), each step after the one before it.
+    assert sorted((c.group, c.depth) for c in chain) == sorted((g, d) for g in groups for d in (1, 2))
+    for group in groups:
+        assert [c.depth for c in chain if c.group == group] == [1, 2]
+    # The first group down is an attn one (cheapest alone); once it is low, ffn's steps are taken
+    # before the other attn group's, which the single-group rises would have put first.
+    order = [c.group for c in chain]
+    first_attn = order[0]
+    other_attn = next(g for g in groups if g.startswith("attn") and g != first_attn)
+    assert first_attn.startswith("attn")
+    assert order.index("ffn_down[0-0]") < order.index(other_attn) > order.index("ffn_down[1-1]")
+    # Each measured figure is the file's, with every step before it; past stop_kl nothing is run.
+    measured = [c for c in chain if c.kl is not None]
+    assert measured and all(c.kl is None for c in chain[len(measured):])
+    assert measured[-1].kl >= 0.3 and all(c.kl < 0.3 for c in measured[:-1])
+    assert len(runs) < len(chain) * len(groups)  # lazy: not every step re-measured at every point
+    # A budget takes the first point that fits: nested, and within the budget.
+    low = sum(r[hull(r)[0]].n_bytes for r in rungs.values())
+    high = sum(r[-1].n_bytes for r in rungs.values())
+    previous: dict[str, int] | None = None
+    for budget in range(low, high + 1, 7):
+        chosen, taken = along_chain(rungs, groups, chain, budget)
+        assert sum(rungs[n][i].n_bytes for n, i in chosen.items()) <= budget
+        assert 0 <= taken <= len(chain)
+        if previous is not None:
+            assert all(chosen[n] >= previous[n] for n in names), "a larger budget moved a tensor down"
+        previous = chosen
+    assert along_chain(rungs, groups, chain, high) == ({n: 3 for n in names}, 0)
+    assert along_chain(rungs, groups, chain, 0)[1] == len(chain)
