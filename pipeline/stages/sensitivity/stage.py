@@ -40,7 +40,7 @@ __all__ = ["NAME", "VERSION", "Params", "make_params", "select_inputs", "cache_i
            "run"]
 
 NAME = "sensitivity"
-VERSION = "1"
+VERSION = "2"
 
 log = logging.getLogger(__name__)
 
