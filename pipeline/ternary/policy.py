@@ -83,10 +83,11 @@ class Recipe:
     max_kl: float = option(0.0, shown_default=None, low=0,
                            help="auto only: the smallest file whose mean KL from the source (nats) is "
                            "at most this; validate confirms")
-    sensitivity: str = option(PROXY, choices=SENSITIVITIES,
-                              help="auto only: what a rung costs: proxy (importance-weighted error) or "
-                              "measured (the KL each group's step adds in llama.cpp; about one file per "
-                              "group and rung)")
+    sensitivity: str = option(PROXY, shown_default=None, choices=SENSITIVITIES,
+                              help="auto only: what a rung costs: measured (the default: the KL each group "
+                              "step adds in llama.cpp, measured once per source; about 75 files for Gemma 3 "
+                              "270M) or proxy (importance-weighted error: no files, ranks worse; the default "
+                              "with importance=none)")
 
     @property
     def has_quality_target(self) -> bool:
@@ -119,10 +120,10 @@ RECIPES: dict[str, Recipe] = {
     "tq1_0": Recipe(name="tq1_0", ternary_type=GGMLTypeName.TQ1_0),
     "q2_0": Recipe(name="q2_0", ternary_type=GGMLTypeName.Q2_0),
     "q1_0": Recipe(name="q1_0", ternary_type=GGMLTypeName.Q1_0),
-    # Mixed precision by sensitivity (`ternary.allocate`): each 2-D weight gets the type whose
-    # weighted error is worth its bytes, within target_bpw over all of them.
+    # Mixed precision by measured sensitivity (`ternary.sensitivity`): each 2-D weight gets the type
+    # whose KL is worth its bytes, within target_bpw over all of them.
     "auto": Recipe(name="auto", ternary_type=GGMLTypeName.Q2_0, embed_type=GGMLTypeName.Q8_0,
-                   output_type=GGMLTypeName.Q8_0, target_bpw=4.0),
+                   output_type=GGMLTypeName.Q8_0, target_bpw=4.0, sensitivity=MEASURED),
 }
 AUTO = "auto"
 _LEVELS_RECIPES = ("q2_0",)
@@ -188,6 +189,9 @@ def get_recipe(name: str, options: Mapping[str, Any] | None = None) -> Recipe:
         elif value not in _ALLOWED[key]:
             raise InputError(f"recipe option {key}={value!r}; expected one of {', '.join(_ALLOWED[key])}")
         changes[key] = value
+    if name == AUTO and "sensitivity" not in changes and (options or {}).get("importance") == "none":
+        # Files are scored on the calibration text, which calibrate covers only with an imatrix.
+        changes["sensitivity"] = PROXY
     if name == AUTO and ("min_top1" in changes or "max_kl" in changes) and "target_bpw" not in changes:
         changes["target_bpw"] = _TARGET_BPW_RANGE[1]  # a quality target: any size it takes, up to all Q8_0
     result = replace(recipe, **changes)

@@ -57,6 +57,8 @@ class Candidates:
 
     rungs: dict[str, list[Rung]]
     n_params: dict[str, int]
+    # With measured costs in ``rungs``: the rungs as fitted, whose hulls the measured chain goes down.
+    fitted: dict[str, list[Rung]] | None = None
 
     @property
     def total_params(self) -> int:
@@ -183,7 +185,7 @@ def choose(
     if sensitivity is None or not sensitivity.chain:
         return allocation_of(candidates, plan, recipe, allocate(candidates.rungs, budget), bpw, weighted,
                              sensitivity)
-    rungs = candidates.rungs
+    rungs = candidates.fitted or candidates.rungs
     chosen, taken = along_chain(rungs, groups_of(list(rungs)), sensitivity.chain, budget)
     made = allocation_of(candidates, plan, recipe, chosen, bpw, weighted, sensitivity)
     point = sensitivity.chain[taken - 1].kl if taken else sensitivity.base_kl

@@ -114,4 +114,4 @@ def apply_measured(candidates: Candidates, measured: SensitivitySummary) -> Cand
         raise IntegrityError(f"sensitivity.json was measured on other rungs than decompose fitted "
                              f"({len(here)} steps here, {len(there)} there; differing: {odd}); {_FIX}")
     rises = {(s.group, s.depth): s.kl_rise for s in measured.steps}
-    return replace(candidates, rungs=measured_rungs(rungs, groups_of(list(rungs)), rises))
+    return replace(candidates, rungs=measured_rungs(rungs, groups_of(list(rungs)), rises), fitted=rungs)

@@ -88,7 +88,7 @@ def test_the_table_matches_the_stages_defaults() -> None:
     assert OPTIONS["agreement_text"].default is None and params.probe.agreement_text == DEFAULT_AGREEMENT_TEXT
     recipe = Recipe(name="x", ternary_type="TQ2_0")
     for field in dataclasses.fields(Recipe):
-        if field.name not in ("name", "ternary_type", "target_bpw", "min_top1", "max_kl"):
+        if field.name not in ("name", "ternary_type", "target_bpw", "min_top1", "max_kl", "sensitivity"):
             assert OPTIONS[field.name].default == getattr(recipe, field.name), field.name
     # target_bpw is auto's alone: no table default, the recipe's own (named in the help).
     assert OPTIONS["target_bpw"].default is None and "4.0" in OPTIONS["target_bpw"].help
@@ -96,6 +96,9 @@ def test_the_table_matches_the_stages_defaults() -> None:
     # The quality targets are off unless given (0.0 in the recipe, no table default).
     assert OPTIONS["min_top1"].default is None and RECIPES["auto"].min_top1 == 0.0
     assert OPTIONS["max_kl"].default is None and not RECIPES["auto"].has_quality_target
+    # auto measures its sensitivity unless told not to (or it has no imatrix): the help says so.
+    assert OPTIONS["sensitivity"].default is None and "measured (the default" in OPTIONS["sensitivity"].help
+    assert RECIPES["auto"].sensitivity == "measured" and recipe.sensitivity == "proxy"
 
 
 def test_check_request_runs_the_stages_cross_checks_before_any_row() -> None:

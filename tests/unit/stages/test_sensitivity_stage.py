@@ -96,6 +96,6 @@ def test_the_budget_and_the_quality_target_are_not_in_its_parameters() -> None:
 
 
 def test_a_job_that_does_not_measure_is_refused_by_the_stage(tmp_path: Path) -> None:
-    plain = sensitivity.make_params(JobSpec("x", "auto"))
+    plain = sensitivity.make_params(JobSpec("x", "auto", {"sensitivity": "proxy"}))
     with pytest.raises(InputError, match="--option sensitivity=measured"):
         sensitivity.run(plain, {}, tmp_path)

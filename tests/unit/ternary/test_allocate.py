@@ -92,7 +92,11 @@ def test_sensitivity_option() -> None:
     measured = get_recipe("auto", {"sensitivity": "measured"})
     assert measured.reads_reference and not measured.has_quality_target and measured.target_bpw == 4.0
     assert reads_statistics("auto", {"sensitivity": "measured", "importance": "none"})
-    assert not get_recipe("auto", {}).reads_reference and get_recipe("auto", {"max_kl": 0.5}).reads_reference
+    # auto measures by default; without an imatrix its files cannot be scored, so it takes the proxy.
+    assert get_recipe("auto", {}).sensitivity == "measured" and get_recipe("auto", {}).reads_reference
+    assert get_recipe("auto", {"importance": "none"}).sensitivity == "proxy"
+    assert not get_recipe("auto", {"importance": "none"}).reads_reference
+    assert get_recipe("auto", {"sensitivity": "proxy", "max_kl": 0.5}).reads_reference
     assert get_recipe("q2_0", {"sensitivity": "proxy"}).sensitivity == "proxy"
     with pytest.raises(InputError, match="applies to recipe auto only"):
         get_recipe("q2_0", {"sensitivity": "measured"})
