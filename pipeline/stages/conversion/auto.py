@@ -2,10 +2,12 @@
 
 Streams the source once (one tensor in memory at a time), fits or quantizes each candidate
 tensor on each rung (`ternary.allocate.ladder`) and measures the importance-weighted error of
-the bytes it would write; `ternary.allocate.allocate` then picks the types within
-``target_bpw`` (or, with ``min_top1`` / ``max_kl``, `search` finds the smallest budget whose
-file meets them, reusing the bytes kept here in a `RungBytes` scratch file). The second pass
-(the ordinary decompose) writes the chosen types. Every shard of the card is measured, even
+the bytes it would write (the proxy). `choose` then picks the types within ``target_bpw``: the
+first point of the sensitivity stage's measured chain that fits (`ternary.sensitivity`), or with
+``sensitivity=proxy`` the allocator on the proxy (`ternary.allocate.allocate`). With ``min_top1``
+/ ``max_kl``, decompose's `search` finds the smallest budget whose file meets them, reusing the
+bytes kept here in a `RungBytes` scratch file. The second pass (the ordinary decompose) writes
+the chosen types. Every shard of the card is measured, even
 when this run decomposes only some of them, so fanned-out shard runs make the same choice.
 """
 
