@@ -15,6 +15,7 @@ calibration and ladder. Decompose checks it was measured on the rungs it fitted.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -96,6 +97,7 @@ def run(
     from pipeline.stages.conversion.shard import stream_options
     from pipeline.stages.conversion.trial import TrialInputs, check_reference
 
+    started = time.monotonic()
     recipe = params.recipe
     if recipe.name != AUTO or recipe.sensitivity != MEASURED:
         raise InputError("the sensitivity stage measures the auto recipe with sensitivity=measured; this "
@@ -122,6 +124,7 @@ def run(
     log.info("stage sensitivity: %d steps over %d files in %.1f s (base KL %.4f)", len(measured.steps),
              measured.files, measured.seconds, measured.base_kl)
     metrics = {"sensitivity_steps": len(measured.steps), "sensitivity_files": measured.files,
-               "sensitivity_s": measured.seconds, "base_kl": measured.base_kl}
+               "sensitivity_s": measured.seconds, "base_kl": measured.base_kl,
+               "elapsed_s": round(time.monotonic() - started, 3)}
     output = OutputFile(SENSITIVITY_NAME, path, "sensitivity-report", "application/json")
     return StageResult(outputs=(output,), metrics=metrics)

@@ -60,6 +60,7 @@ def _convert(home: Path, source: Path, target_bpw: float | None, **options: Any)
         assert session.get_one(repo.Job, job_id).status in (JobState.SUCCEEDED.value, JobState.FAILED.value)
         validation = dict(runs["validate"].metrics or {}) if "validate" in runs else None
         states = {stage.value: run.status for stage, run in runs.items()}
+        metrics = {stage.value: dict(run.metrics or {}) for stage, run in runs.items()}
     gguf = next(
         path
         for (stage, _name), path in outs.items()
@@ -68,7 +69,8 @@ def _convert(home: Path, source: Path, target_bpw: float | None, **options: Any)
     report = json.loads(outs[(next(s for s, _ in outs if s.value == "decompose"), "report.json")].read_text())
     imatrix = next(path for (stage, name), path in outs.items() if name == "imatrix.gguf")
     return {"gguf": gguf, "report": report, "imatrix": imatrix, "validation": validation,
-            "outputs": {name for _stage, name in outs}, "states": states}
+            "outputs": {name for _stage, name in outs}, "states": states,
+            "metrics": metrics}
 
 
 def test_budget_holds_and_buys_less_error(float_checkpoint: Path, tmp_path: Path) -> None:
@@ -134,6 +136,9 @@ def test_measured_sensitivity_ranks_rungs_by_the_kl_llama_cpp_measures(float_che
                                                                        tmp_path: Path) -> None:
     result = _convert(tmp_path / "m", float_checkpoint, 4.0, sensitivity="measured")
     assert result["states"]["sensitivity"] == "succeeded" and "sensitivity.json" in result["outputs"]
+    stage = result["metrics"]["sensitivity"]
+    assert stage["elapsed_s"] >= stage["sensitivity_s"] > 0
+    assert stage["sensitivity_files"] > stage["sensitivity_steps"]
     allocation = result["report"]["allocation"]
     measured = allocation["sensitivity"]
     steps, candidates = measured["steps"], allocation["candidates"]
