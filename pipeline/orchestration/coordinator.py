@@ -8,7 +8,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from pipeline.core.states import DONE_STATES, STAGE_INPUTS, STAGE_ORDER, StageName, StageState, downstream_of
+from pipeline.core.states import (
+    DONE_STATES,
+    STAGE_INPUTS,
+    STAGE_ORDER,
+    StageName,
+    StageState,
+    downstream_of,
+    topological_order,
+)
 
 __all__ = ["Frontier", "Step", "frontier", "progress", "retry_stages"]
 
@@ -48,15 +56,16 @@ class Frontier:
 
 def frontier(latest: Mapping[StageName, StageState],
              after: Mapping[StageName, tuple[StageName, ...]] = STAGE_INPUTS,
-             order: Sequence[StageName] = STAGE_ORDER) -> Frontier:
-    """Every stage of ``order`` that can move: its newest state in ``latest`` is not done and every
-    stage it waits for in ``after`` is. A queued or running stage counts whatever its inputs."""
+             order: Sequence[StageName] | None = None) -> Frontier:
+    """Every stage of ``order`` (default: the graph's own order) that can move: its newest state in
+    ``latest`` is not done and every stage it waits for in ``after`` is. A queued or running stage
+    counts whatever its inputs."""
+    if order is None:
+        order = topological_order(after)
     ready: list[StageName] = []
     in_flight: list[StageName] = []
     stopped: list[StageName] = []
     for stage in order:
-        if stage not in after:
-            continue  # not in this job's graph
         state = latest.get(stage)
         if state in DONE_STATES:
             continue
