@@ -16,12 +16,13 @@ from pipeline.core.errors import IntegrityError
 from pipeline.core.files import write_json
 from pipeline.formats.jsonfile import ShapeError, as_dataclass, load_json
 
-__all__ = ["SENSITIVITY_FORMAT", "SENSITIVITY_NAME", "SensitivityStep", "ChainStep", "SensitivitySummary"]
+__all__ = ["SENSITIVITY_FORMAT", "SENSITIVITY_NAME", "RETRY_SENSITIVITY", "SensitivityStep", "ChainStep",
+           "SensitivitySummary"]
 
 SENSITIVITY_FORMAT = "sensitivity/1"
 SENSITIVITY_NAME = "sensitivity.json"
 _MAX_BYTES = 16 * 1024 * 1024
-_FIX = "retry the job from sensitivity (`bonsai retry JOB --from sensitivity`)"
+RETRY_SENSITIVITY = "retry the job from sensitivity (`bonsai retry JOB --from sensitivity`)"
 
 
 @dataclass(frozen=True)
@@ -74,10 +75,12 @@ class SensitivitySummary:
     @classmethod
     def load(cls, path: Path, label: str = SENSITIVITY_NAME) -> SensitivitySummary:
         """Read a summary from `path` (at most 16 MB); IntegrityError naming `label` when it is not one."""
-        document: Any = load_json(path, label, max_bytes=_MAX_BYTES, error=IntegrityError, fix=_FIX)
+        document: Any = load_json(path, label, max_bytes=_MAX_BYTES, error=IntegrityError,
+                                  fix=RETRY_SENSITIVITY)
         if not isinstance(document, dict) or document.pop("format", None) != SENSITIVITY_FORMAT:
-            raise IntegrityError(f"{label}: not a {SENSITIVITY_FORMAT} document; {_FIX}")
+            raise IntegrityError(f"{label}: not a {SENSITIVITY_FORMAT} document; {RETRY_SENSITIVITY}")
         try:
             return as_dataclass(cls, document)
         except ShapeError as exc:
-            raise IntegrityError(f"{label}: not a valid measured sensitivity ({exc}); {_FIX}") from None
+            why = f"{label}: not a valid measured sensitivity ({exc}); {RETRY_SENSITIVITY}"
+            raise IntegrityError(why) from None

@@ -33,7 +33,7 @@ Example::
     rises = {("ffn_down[0-5]", 1): 0.128, ("ffn_down[0-5]", 2): 0.9, ...}  # measured in llama.cpp
     costs = measured_rungs(rungs, groups, rises)
     chain = descend(rungs, groups, rises, base_kl, run_in_llama_cpp)
-    chosen, _ = along_chain(costs, groups, chain, budget_bytes)
+    chosen, _ = along_chain(rungs, groups, chain, budget_bytes)  # the fitted hulls, not costs
 """
 
 from __future__ import annotations

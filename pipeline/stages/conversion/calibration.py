@@ -1,11 +1,12 @@
-"""What decompose reads from the calibrate stage, when its recipe asks: importance and Gram matrices.
+"""What the fitting stages (decompose, sensitivity) read from calibrate: importance and Gram matrices,
+and the source's reference.
 
 ``importance=imatrix``: ``calibrate/imatrix.gguf`` (llama.cpp's imatrix format); each ternary
 tensor's fit weights its columns by the mean x² of their inputs (the importance-weighted exact
 optimum). ``method=gptq``: ``calibrate/gram/blk.<i>.safetensors``; each ternary tensor is fitted
 against its input Gram matrix XᵀX (`ternary.decompose_gptq`). The source reference is read only
-by the auto recipe with ``min_top1`` / ``max_kl`` (its trials are scored against it); otherwise
-`select_inputs` keeps it out of decompose's cache key.
+where candidate files are scored against it (the sensitivity stage, and decompose's search for
+``min_top1`` / ``max_kl``); otherwise `select_inputs` keeps it out of the cache key.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ _FIX = "retry the job from calibrate (`bonsai retry JOB --from calibrate`)"
 
 
 def wanted_input(key: str, importance: str, method: str, reference: bool = False) -> bool:
-    """Whether decompose reads upstream output ``key`` under these options (``reference``: files are
-    scored against the source, `Recipe.reads_reference`)."""
+    """Whether a fitting stage reads upstream output ``key`` under these options (``reference``: it
+    scores files against the source)."""
     if not key.startswith("calibrate/"):
         return True
     if key == REFERENCE_INPUT:
@@ -108,11 +109,18 @@ def load_calibration(
 
 
 def load_reference(inputs: Mapping[str, InputFile]) -> Any:
-    """Calibrate's source reference (`calibration.reference.SourceReference`), checked present."""
+    """Calibrate's source reference (`calibration.reference.SourceReference`), checked present and
+    covering the calibration text, which candidate files are scored on."""
+    from pipeline.calibration.answers import CALIBRATION
     from pipeline.calibration.reference import read_reference
 
     item = inputs.get(REFERENCE_INPUT)
     if item is None:
         raise InputError(f"min_top1 / max_kl and sensitivity=measured need {REFERENCE_INPUT}; inputs were "
                          f"{sorted(inputs)}; {_FIX}")
-    return read_reference(item.path)
+    reference = read_reference(item.path)
+    if CALIBRATION not in reference.sequences.names:
+        held = sorted(set(reference.sequences.names))
+        raise InputError("min_top1 / max_kl and sensitivity=measured score candidate files on the "
+                         f"calibration text, but calibrate's reference holds only {held}; {_FIX}")
+    return reference

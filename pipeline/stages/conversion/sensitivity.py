@@ -24,7 +24,7 @@ from dataclasses import replace
 
 from pipeline.calibration.answers import CALIBRATION
 from pipeline.core.errors import IntegrityError
-from pipeline.formats.sensitivity import ChainStep, SensitivityStep, SensitivitySummary
+from pipeline.formats.sensitivity import RETRY_SENSITIVITY, ChainStep, SensitivityStep, SensitivitySummary
 from pipeline.stages.conversion.auto import Candidates, allocation_of
 from pipeline.stages.conversion.trial import TRIAL_POSITIONS, TrialInputs, score_allocation
 from pipeline.ternary.allocate import Rung
@@ -33,8 +33,6 @@ from pipeline.ternary.sensitivity import depths_of, descend, groups_of, lowered,
 __all__ = ["measure_steps", "apply_measured"]
 
 log = logging.getLogger(__name__)
-
-_FIX = "retry the job from sensitivity (`bonsai retry JOB --from sensitivity`)"
 
 
 def _step(rungs: dict[str, list[Rung]], group: str, names: list[str], depth: int) -> SensitivityStep:
@@ -108,10 +106,12 @@ def apply_measured(candidates: Candidates, measured: SensitivitySummary) -> Cand
     here = {(s.group, s.depth): (s.types, s.saved_bytes) for s in _steps(rungs)}
     there = {(s.group, s.depth): (s.types, s.saved_bytes) for s in measured.steps}
     if measured.chain and not _chain_fits(rungs, measured.chain):
-        raise IntegrityError(f"sensitivity.json's chain does not go down the rungs decompose fitted; {_FIX}")
+        raise IntegrityError("sensitivity.json's chain does not go down the rungs decompose fitted; "
+                             f"{RETRY_SENSITIVITY}")
     if here != there:
         odd = sorted(set(here.items()) ^ set(there.items()))[:3]
         raise IntegrityError(f"sensitivity.json was measured on other rungs than decompose fitted "
-                             f"({len(here)} steps here, {len(there)} there; differing: {odd}); {_FIX}")
+                             f"({len(here)} steps here, {len(there)} there; differing: {odd}); "
+                             f"{RETRY_SENSITIVITY}")
     rises = {(s.group, s.depth): s.kl_rise for s in measured.steps}
     return replace(candidates, rungs=measured_rungs(rungs, groups_of(list(rungs)), rises), fitted=rungs)

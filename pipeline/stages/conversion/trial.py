@@ -22,18 +22,17 @@ import numpy as np
 from pipeline.calibration.answers import CALIBRATION
 from pipeline.calibration.predictions import AgreementStats
 from pipeline.calibration.reference import SourceReference
-from pipeline.core.errors import InputError, IntegrityError
+from pipeline.core.errors import IntegrityError
 from pipeline.formats.model_card import ModelCard
 from pipeline.stages.base import InputFile
 from pipeline.stages.conversion.auto import Allocation, Candidates, RungBytes, label_of
 from pipeline.ternary.policy import Recipe, TensorDecision
 
-__all__ = ["TrialInputs", "assemble", "score_allocation", "check_reference", "TRIAL_POSITIONS"]
+__all__ = ["TrialInputs", "assemble", "score_allocation", "TRIAL_POSITIONS"]
 
 # Positions of the calibration text each trial is scored on (its first sequences): top-1 to about
 # ±1.5 points, a few seconds of llama.cpp per trial for a small model.
 TRIAL_POSITIONS = 1024
-_FIX = "retry the job from calibrate (`bonsai retry JOB --from calibrate`)"
 
 
 @dataclass(frozen=True)
@@ -49,13 +48,6 @@ class TrialInputs:
     inputs: Mapping[str, InputFile]
     reference: SourceReference
     workdir: Path
-
-
-def check_reference(reference: SourceReference) -> None:
-    """InputError unless the reference covers the calibration text (what the trials are scored on)."""
-    if CALIBRATION not in reference.sequences.names:
-        raise InputError("min_top1 / max_kl score each candidate on the calibration text, but calibrate's "
-                         f"reference holds only {sorted(set(reference.sequences.names))}; {_FIX}")
 
 
 def assemble(ctx: TrialInputs, allocation: Allocation, folder: Path) -> Path:

@@ -69,7 +69,7 @@ def _try(
 def search(ctx: TrialInputs, weighted: bool, sensitivity: SensitivitySummary | None = None) -> Allocation:
     """The allocation of the smallest budget tried whose file meets the target (else the largest),
     with the trials in its summary under ``search``. The caller has checked the reference
-    (`check_reference`) before measuring. ``sensitivity``: the candidates' costs are measured."""
+    (`load_reference`) before measuring. ``sensitivity``: the candidates' costs are measured."""
     n_params = ctx.candidates.total_params
     low, high = (b * 8 / n_params for b in ctx.candidates.bytes_range())
     high = min(high, ctx.recipe.target_bpw)

@@ -32,7 +32,7 @@ from pipeline.formats.decompose_report import (
 )
 from pipeline.formats.model_card import ModelCard
 from pipeline.formats.parts import PART_FORMAT, part_name
-from pipeline.formats.sensitivity import SENSITIVITY_NAME, SensitivitySummary
+from pipeline.formats.sensitivity import RETRY_SENSITIVITY, SENSITIVITY_NAME, SensitivitySummary
 from pipeline.stages.base import (
     NO_CLIENTS,
     InputFile,
@@ -161,8 +161,7 @@ def _measured(inputs: Mapping[str, InputFile]) -> SensitivitySummary:
     item = inputs.get(f"sensitivity/{SENSITIVITY_NAME}")
     if item is None:
         raise InputError(f"sensitivity=measured needs sensitivity/{SENSITIVITY_NAME}; inputs were "
-                         f"{sorted(inputs)}; retry the job from sensitivity (`bonsai retry JOB --from "
-                         "sensitivity`)")
+                         f"{sorted(inputs)}; {RETRY_SENSITIVITY}")
     return SensitivitySummary.load(item.path, f"sensitivity/{SENSITIVITY_NAME}")
 
 
@@ -185,11 +184,10 @@ def _auto(
             candidates = apply_measured(candidates, measured)
         return choose(candidates, plan, recipe, recipe.target_bpw, weighted, measured)
     from pipeline.stages.conversion.calibration import load_reference
-    from pipeline.stages.conversion.trial import TrialInputs, check_reference
+    from pipeline.stages.conversion.trial import TrialInputs
     from pipeline.stages.decompose.search import search
 
     reference = load_reference(inputs)
-    check_reference(reference)
     kept = RungBytes(workdir / ".rungs.bin")
     try:
         candidates = measure(source, card, files, plan, device, calibration, stream_options(source),

@@ -2,10 +2,10 @@
 
 Inputs: the card, the source shards, calibrate's importance matrix and its reference of the source.
 Fits every candidate tensor on every rung of its ladder as decompose does (`conversion.auto`), then
-runs in llama.cpp the base file (every candidate on the top of its hull) and one file per group step
-(`conversion.sensitivity`), each scored against the source on the calibration text. Writes
-``sensitivity.json`` (`formats.sensitivity.SensitivitySummary`): every step's KL rise, top-1, bytes
-and proxy, the base's figures, and what measuring took (files, seconds).
+runs in llama.cpp the base file (every candidate on the top of its hull), one file per group step,
+and the measured chain (`conversion.sensitivity`), each scored against the source on the
+calibration text. Writes ``sensitivity.json`` (`formats.sensitivity.SensitivitySummary`): every
+step's KL rise, top-1, bytes and proxy, the chain, the base's figures, and what measuring took.
 
 Nothing here depends on the budget or the quality target: the parameters are the recipe without
 them, so the cache hands one measurement to every budget and every later job on the same source,
@@ -95,7 +95,7 @@ def run(
     from pipeline.stages.conversion.calibration import load_reference
     from pipeline.stages.conversion.sensitivity import measure_steps
     from pipeline.stages.conversion.shard import stream_options
-    from pipeline.stages.conversion.trial import TrialInputs, check_reference
+    from pipeline.stages.conversion.trial import TrialInputs
 
     started = time.monotonic()
     recipe = params.recipe
@@ -110,7 +110,6 @@ def run(
     plan = source.tensor_plan(card)
     calibration = load_calibration(inputs, params.importance, recipe.method)
     reference = load_reference(inputs)
-    check_reference(reference)
     kept = RungBytes(workdir / ".rungs.bin")
     try:
         candidates = measure(source, card, files, plan, device, calibration, stream_options(source), recipe,
