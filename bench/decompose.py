@@ -12,7 +12,7 @@ each layout (TQ2_0; the Bonsai layouts Q2_0 and Q1_0 that run on CUDA/Metal/Vulk
   from the F16 file.
 
 Library start-up is not timed on either side: importing torch / llama_cpp, and loading our
-compiled kernel from numba's cache (``kernel.warm_up``, ~0.5 s once per process, as a
+compiled kernel from numba's cache (``kernel_cache.warm_up``, ~0.5 s once per process, as a
 long-lived worker does at start); both are printed. Each side's threads are printed too.
 
 Relative errors are ``||w - w_hat||_F / ||w||_F`` over all block linear weights (blk.*),
@@ -178,12 +178,12 @@ def child_ours(ckpt: Path, card_path: Path, out: Path, layout: str = "tq2_0") ->
 
     from pipeline.stages import decompose, package
     from pipeline.stages.base import InputFile, JobSpec
-    from pipeline.ternary import kernel
+    from pipeline.ternary import kernel, kernel_cache
 
     recipe, options, _ = LAYOUTS[layout]
     job = JobSpec("bench", recipe, options=options)
     inputs = _stage_inputs(ckpt, card_path)
-    warm_up_s = kernel.warm_up("TQ2_0") + (kernel.warm_up("Q2_0") if recipe != "tq2_0" else 0.0)
+    warm_up_s = kernel_cache.warm_up("TQ2_0") + (kernel_cache.warm_up("Q2_0") if recipe != "tq2_0" else 0.0)
     started = time.perf_counter()
     (out / "decompose").mkdir(parents=True)
     result = decompose.run(decompose.make_params(job), inputs, out / "decompose")

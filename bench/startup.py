@@ -48,8 +48,8 @@ _PROBES = {
     "import llama_cpp": ("", "import llama_cpp"),
     "import orchestration.bootstrap (sqlalchemy; alembic only to migrate)":
         ("", "import pipeline.orchestration.bootstrap"),
-    "kernel load from numba's cache (numba imported)": ("import numba\nfrom pipeline.ternary import kernel",
-                                                        "kernel.warm_up()"),
+    "kernel load from numba's cache (numba imported)": (
+        "import numba\nfrom pipeline.ternary import kernel_cache", "kernel_cache.warm_up()"),
 }
 
 

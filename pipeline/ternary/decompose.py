@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.ternary.codecs.base import ratio, rows_per_block
 from pipeline.ternary.fit import (
     UniformFit,
     absmean_sq_error,
@@ -25,6 +24,7 @@ from pipeline.ternary.fit import (
     fit_optimal_stats,
     refine_irls,
 )
+from pipeline.ternary.rows import ratio, rows_per_block
 
 __all__ = [
     "METHODS",

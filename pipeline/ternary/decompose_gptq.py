@@ -19,9 +19,9 @@ import numpy.typing as npt
 import torch
 
 from pipeline.formats.gguf.types import GGMLTypeName
-from pipeline.ternary.codecs.base import ratio
 from pipeline.ternary.gptq import LAYOUTS, dequantize, gptq_fit
 from pipeline.ternary.packed import PackedMatrix
+from pipeline.ternary.rows import ratio
 
 __all__ = ["decompose_gptq_packed", "layout_name"]
 

@@ -8,12 +8,16 @@ looking stuck. `load_cached` loads what the cache holds ahead of the stage, comp
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from pipeline.ternary.codecs import CODECS
+import numpy as np
+
+from pipeline.formats.gguf.types import GGMLTypeName
+from pipeline.ternary.codecs import CODECS, codec_for
 from pipeline.ternary.kernel import is_available
 
-__all__ = ["is_cold", "load_cached", "COMPILE_ESTIMATE_S"]
+__all__ = ["is_cold", "load_cached", "warm_up", "COMPILE_ESTIMATE_S"]
 
 # Seconds the first compile of each type's kernel takes here (measured on two cores).
 COMPILE_ESTIMATE_S = {name: codec.compile_estimate_s for name, codec in CODECS.items()}
@@ -67,3 +71,23 @@ def load_cached(ggml_type: str) -> int:
             dispatcher.compile(signature)  # a cache hit: numba loads the machine code
             loaded += 1
     return loaded
+
+
+def warm_up(*ggml_types: str) -> float:
+    """Load the kernels of ``ggml_types`` (default TQ2_0) now rather than in the first fit; returns seconds.
+
+    Every variant a fit may take: float32 and bfloat16 weights, each level count, uniform and
+    weighted. From numba's cache ~0.3 s once per process (a long-lived worker calls it when it
+    starts); on a machine that has never compiled them, tens of seconds.
+    """
+    started = time.perf_counter()
+    if is_available():
+        for name in ggml_types or (GGMLTypeName.TQ2_0,):
+            codec = codec_for(name)
+            size = codec.block_size
+            weighted = (None, np.ones(size, np.float32)) if codec.kernel_importance else (None,)
+            for zeros in (np.zeros((1, size), np.float32), np.zeros((1, size), np.uint16)):
+                for levels in codec.levels:
+                    for importance in weighted:
+                        codec.fit_pack(zeros, levels, importance)
+    return time.perf_counter() - started

@@ -92,9 +92,9 @@ def _forget_parent_connections(**_kwargs: object) -> None:
 
 def _warm_up_kernel() -> None:
     # Load the compiled ternary kernel at start-up, not inside the first decompose it serves.
-    from pipeline.ternary import kernel
+    from pipeline.ternary import kernel_cache
 
     try:
-        log.info("ternary kernel ready in %.2fs", kernel.warm_up())
+        log.info("ternary kernel ready in %.2fs", kernel_cache.warm_up())
     except Exception:  # noqa: BLE001 - not fatal here: the first decompose reports the same error
         log.warning("ternary kernel could not be loaded", exc_info=True)

@@ -28,11 +28,11 @@ from pipeline.formats.rawio import pread_exact
 from pipeline.stages.conversion.calibration import CalibrationInputs
 from pipeline.stages.conversion.repack import TERNARY_SOURCE_TYPES, repack
 from pipeline.ternary.codecs import decompose_packed
-from pipeline.ternary.codecs.base import rows_per_block
 from pipeline.ternary.exactness import decodes_exactly
 from pipeline.ternary.pack import PART_TYPES, bits_per_weight, decode_bytes, encode_plain, tensor_nbytes
 from pipeline.ternary.packed import PackedMatrix
 from pipeline.ternary.policy import GPTQ, Recipe, TensorDecision
+from pipeline.ternary.rows import rows_per_block
 
 __all__ = ["PART_TYPES", "Fetch", "read_part_index", "decompose_shard", "write_kept_part", "encode_tensor",
            "stream_options"]

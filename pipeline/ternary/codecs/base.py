@@ -22,11 +22,12 @@ import numpy.typing as npt
 from pipeline.formats.gguf.types import block_geometry
 from pipeline.ternary.kernel import KernelStats, is_available
 from pipeline.ternary.packed import PackedMatrix
+from pipeline.ternary.rows import ratio
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Codec", "TorchFit", "as_numpy", "ratio", "rows_per_block", "U8Array"]
+__all__ = ["Codec", "TorchFit", "as_numpy", "U8Array"]
 
 U8Array = npt.NDArray[np.uint8]
 # The torch path's result: bytes, squared error, the absmean baseline's squared error, sum w^2, zeros.
@@ -43,23 +44,6 @@ def as_numpy(values: npt.ArrayLike | torch.Tensor, *, float32: bool = False) -> 
             tensor = tensor.to(torch_module.float32)
         return np.asarray(tensor.cpu().numpy())
     return np.asarray(values)
-
-
-_BLOCK_WEIGHTS = 1 << 22  # ~4M weights (16 MB of float32) per block of rows worked on at once
-
-
-def rows_per_block(cols: int) -> int:
-    """Rows of ``cols`` weights handled at once where a matrix is worked on a block of rows at a time:
-    the torch fits' chunks, a plain type's encode and check. Bounds the temporaries at a few
-    times 16 MB whatever the matrix's size."""
-    return max(1, _BLOCK_WEIGHTS // max(cols, 1))
-
-
-def ratio(num: float, den: float) -> float:
-    """``sqrt(num / den)``: a relative Frobenius error from squared sums (0/0 is 0, x/0 is inf)."""
-    if den == 0.0:
-        return 0.0 if num == 0.0 else float("inf")
-    return float((num / den) ** 0.5)
 
 
 def fp16_scale_bytes(scales: npt.ArrayLike | torch.Tensor, n_blocks: int) -> U8Array:

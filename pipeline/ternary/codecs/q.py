@@ -56,7 +56,8 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline.formats.gguf.types import GGMLTypeName
-from pipeline.ternary.codecs.base import Codec, TorchFit, U8Array, rows_per_block
+from pipeline.ternary.codecs.base import Codec, TorchFit, U8Array
+from pipeline.ternary.rows import rows_per_block
 
 if TYPE_CHECKING:
     import torch

@@ -91,7 +91,7 @@ def test_embedded_runs_load_decompose_libraries_in_the_background() -> None:
 def test_the_background_warm_up_loads_the_jobs_cached_kernel_and_compiles_nothing() -> None:
     pytest.importorskip("numba", reason="the compiled kernel needs numba")
     # Make sure the TQ kernel's variants are in numba's cache (a cold machine compiles them here, once).
-    _loaded_after("from pipeline.ternary import kernel\nkernel.warm_up()\n", ())
+    _loaded_after("from pipeline.ternary import kernel_cache\nkernel_cache.warm_up()\n", ())
     code = (
         "import pipeline.orchestration.embedded as e\ne.warm_up('TQ2_0').join()\n"
         "from pipeline.ternary import _kernel_tq_impl as k\nd = k.fit_pack_all\n"

@@ -26,6 +26,6 @@ def test_an_empty_cache_is_cold_and_a_type_without_kernel_never_is(tmp_path: Pat
 
 @pytest.mark.skipif(not kernel.is_available(), reason="numba is not installed: there is no kernel to compile")
 def test_compiled_in_this_process_is_warm() -> None:
-    kernel.warm_up()  # loads (or compiles) the TQ kernel in this process
+    kernel_cache.warm_up()  # loads (or compiles) the TQ kernel in this process
     assert kernel_cache.is_cold("TQ2_0") is False and kernel_cache.is_cold("TQ1_0") is False
     assert kernel_cache.COMPILE_ESTIMATE_S["TQ2_0"] > 0
