@@ -116,7 +116,8 @@ def stage_overheads_ms(sessions, job_ids: list[int]) -> dict[str, list[float]]: 
             job = session.get_one(Job, job_id)
             runs = {r.stage: r for r in session.scalars(select(StageRun).where(StageRun.job_id == job_id))}
             previous = job.created_at
-            for stage in STAGE_ORDER:
+            # The job's own stages, as it ran them: a stage of STAGE_ORDER outside its graph has no run.
+            for stage in (s for s in STAGE_ORDER if s.value in runs):
                 run = runs[stage.value]
                 parts["total"].append(ms(run.finished_at, previous))
                 parts["dispatch"].append(ms(run.queued_at, previous))

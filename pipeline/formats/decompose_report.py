@@ -26,7 +26,7 @@ from pipeline.formats.sensitivity import SensitivitySummary
 __all__ = [
     "REPORT_FORMAT", "REPORT_NAME", "TensorReport", "Aggregate", "Totals", "Fallback", "SearchTrial",
     "SearchSummary", "RungCost", "CandidateSummary",
-    "AllocationSummary", "ReportHeader", "DecomposeReport",
+    "AllocationSummary", "ImatrixUse", "ReportHeader", "DecomposeReport",
 ]
 
 REPORT_FORMAT = "decompose-report/1"
@@ -189,6 +189,17 @@ class AllocationSummary:
 
 
 @dataclass(frozen=True)
+class ImatrixUse:
+    """The importance matrix a conversion's fits were weighted by, as llama-quantize records it in the
+    file (`formats.gguf.keys.QuantizeImatrix`): the file's name, its first dataset, entries, chunks."""
+
+    file: str
+    dataset: str
+    entries_count: int
+    chunks_count: int
+
+
+@dataclass(frozen=True)
 class ReportHeader:
     """How the tensors were made: the recipe, the machine, the time, and the source's formats."""
 
@@ -209,6 +220,8 @@ class ReportHeader:
     # The number of shard runs merged into this report; None when one run made it.
     fanout: int | None = None
     allocation: AllocationSummary | None = None
+    # Set when calibrate's imatrix weighted the fits; package writes it as quantize.imatrix.*.
+    imatrix: ImatrixUse | None = None
     format: str = REPORT_FORMAT
 
     def recipe_key(self) -> tuple[Any, ...]:

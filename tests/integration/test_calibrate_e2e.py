@@ -10,9 +10,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import gguf
 import pytest
 
 from pipeline.calibration.imatrix import read_imatrix
+from pipeline.formats.gguf.keys import QuantizeImatrix
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -66,6 +68,16 @@ def test_imatrix_and_gptq_conversion_then_a_second_job_reuses_the_calibration(wo
     # llama.cpp's own imatrix format, readable from the store.
     matrix = read_imatrix(Path(outputs["imatrix.gguf"]["path"]))
     assert len(matrix.entries) == 14
+    # The file records the imatrix as llama-quantize --imatrix would, read back with gguf-py.
+    package = _stage(first, "package")["outputs"]
+    packaged = next(Path(o["path"]) for o in package if o["name"].endswith(".gguf"))
+    reader = gguf.GGUFReader(packaged)
+    assert reader.get_field(QuantizeImatrix.FILE).contents() == "imatrix.gguf"
+    assert reader.get_field(QuantizeImatrix.DATASET).contents() == matrix.datasets[0]
+    counts = ((QuantizeImatrix.ENTRIES_COUNT, 14), (QuantizeImatrix.CHUNKS_COUNT, matrix.chunk_count))
+    for key, value in counts:
+        assert reader.get_field(key).contents() == value > 0
+        assert reader.get_field(key).types == [gguf.GGUFValueType.UINT32]
     decompose = _stage(first, "decompose")
     assert {i["name"] for i in decompose["inputs"] if i["name"].startswith("calibrate/")} == {
         "calibrate/imatrix.gguf", "calibrate/gram/blk.0.safetensors", "calibrate/gram/blk.1.safetensors"}

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import gguf
 
-__all__ = ["General", "LLM", "Attention", "Rope", "Tokenizer", "Bonsai", "arch_key", "PART_METADATA_TENSORS"]
+__all__ = [
+    "General", "LLM", "Attention", "Rope", "Tokenizer", "QuantizeImatrix", "Bonsai", "arch_key",
+    "PART_METADATA_TENSORS",
+]
 
 
 class General:
@@ -59,6 +62,18 @@ class Tokenizer:
     CHAT_TEMPLATE = gguf.Keys.Tokenizer.CHAT_TEMPLATE
     ADD_SPACE_PREFIX = gguf.Keys.Tokenizer.ADD_PREFIX
     REMOVE_EXTRA_WS = gguf.Keys.Tokenizer.REMOVE_EXTRA_WS
+
+
+class QuantizeImatrix:
+    """What ``llama-quantize --imatrix`` records of the importance matrix it weighted the quants by
+    (tools/quantize: the file as given, its first dataset, its entry and chunk counts as UINT32).
+    gguf-py does not declare them."""
+
+    FILE = "quantize.imatrix.file"
+    DATASET = "quantize.imatrix.dataset"
+    ENTRIES_COUNT = "quantize.imatrix.entries_count"
+    CHUNKS_COUNT = "quantize.imatrix.chunks_count"
+    PREFIX = "quantize.imatrix."
 
 
 class Bonsai:

@@ -28,7 +28,7 @@ import gguf
 import numpy as np
 
 from pipeline.core.errors import InputError, IntegrityError
-from pipeline.formats.gguf.keys import Bonsai, General
+from pipeline.formats.gguf.keys import Bonsai, General, QuantizeImatrix
 from pipeline.formats.gguf.reader import GGUFFile
 from pipeline.formats.gguf.types import BONSAI_TYPES
 from pipeline.formats.gguf.writer import Typed
@@ -57,7 +57,8 @@ REWRITTEN_KEYS: frozenset[str] = frozenset(
     {General.ARCHITECTURE, General.FILE_TYPE, General.ALIGNMENT, General.QUANTIZATION_VERSION}
 )
 # bonsai.* (Bonsai.SOURCE and friends) is rewritten; GGUF.* are the reader's pseudo-fields (counts).
-_REWRITTEN_PREFIXES = (Bonsai.SOURCE.split(".", 1)[0] + ".", "GGUF.")
+# quantize.imatrix.* told how the source was quantized: the written file says how it was, or nothing.
+_REWRITTEN_PREFIXES = (Bonsai.SOURCE.split(".", 1)[0] + ".", "GGUF.", QuantizeImatrix.PREFIX)
 
 
 @lru_cache(maxsize=1)
@@ -191,7 +192,8 @@ def iter_tensors(
 
 
 def source_metadata(path: Path) -> tuple[dict[str, Typed], list[str]]:
-    """The source file's metadata to copy as-is (every key but `REWRITTEN_KEYS` and bonsai.*).
+    """The source file's metadata to copy as-is (every key but `REWRITTEN_KEYS`, bonsai.* and
+    quantize.imatrix.*).
 
     Returns (key -> Typed in file order, reasons for keys that cannot be copied: empty arrays,
     which gguf's writer cannot produce). Nested arrays are refused by the reader.

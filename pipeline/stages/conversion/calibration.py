@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.core.errors import InputError
+from pipeline.formats.decompose_report import ImatrixUse
 from pipeline.stages.base import InputFile
 
 if TYPE_CHECKING:
@@ -84,6 +85,14 @@ class CalibrationInputs:
 
     def describe(self) -> dict[str, Any]:
         return {"imatrix": self.imatrix is not None, "gram_files": len(self.gram_paths)}
+
+    def imatrix_use(self) -> ImatrixUse | None:
+        """What llama-quantize would record of this imatrix in the file it weighted; None without one."""
+        if self.imatrix is None:
+            return None
+        datasets = self.imatrix.datasets
+        return ImatrixUse(file=IMATRIX_INPUT.rsplit("/", 1)[-1], dataset=datasets[0] if datasets else "",
+                          entries_count=len(self.imatrix.entries), chunks_count=self.imatrix.chunk_count)
 
 
 def load_calibration(

@@ -117,10 +117,13 @@ def memory_need(params: Params, inputs: Mapping[str, InputFile]) -> MemoryNeed |
 
 
 def cache_identity(params: Params, clients: StageClients = NO_CLIENTS) -> str | None:
-    """The auto recipe's result depends on the allocator's rules too: their version, for it."""
+    """The auto recipe's result depends on the allocator's rules too: their version, for it. An
+    imatrix-weighted report records the imatrix (`ImatrixUse`); reports from before it did are not reused."""
     from pipeline.ternary.allocate import ALLOCATOR_VERSION
 
-    return f"allocator {ALLOCATOR_VERSION}" if params.recipe.name == AUTO else ""
+    parts = [f"allocator {ALLOCATOR_VERSION}"] if params.recipe.name == AUTO else []
+    parts += ["imatrix use 1"] if params.importance == "imatrix" else []
+    return "; ".join(parts)
 
 
 def select_inputs(params: Params, inputs: Mapping[str, InputFile]) -> dict[str, InputFile]:
@@ -271,6 +274,7 @@ def run(
         device=str(device), fit_backend=_fit_backend(recipe, device), shards=tuple(selected),
         elapsed_s=round(elapsed_s, 3), peak_rss_bytes=_peak_rss_bytes(),
         source_format=card.format, source_types=dict(card.dtypes), allocation=allocation,
+        imatrix=calibration.imatrix_use() if calibration is not None else None,
     )
     report_outputs, metrics, warnings = finish_report(DecomposeReport.build(rows, header), workdir)
     if allocation is not None:

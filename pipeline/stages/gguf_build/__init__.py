@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from pipeline.formats.decompose_report import REPORT_NAME, DecomposeReport
 from pipeline.formats.model_card import CARD_NAME, ModelCard
 from pipeline.stages.base import InputFile, StageResult, inputs_of
-from pipeline.stages.gguf_build.common import OUTPUT_NAME, Params, require
+from pipeline.stages.gguf_build.common import OUTPUT_NAME, Params, imatrix_keys, require
 from pipeline.stages.gguf_build.gguf_source import package_gguf_source
 from pipeline.stages.gguf_build.hf import package_hf_source
 from pipeline.stages.gguf_build.parts import PART_NAME, PartTensor, collect_parts, match_plan
@@ -30,7 +31,11 @@ def build_gguf(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -
     download, inspect = inputs_of(inputs, "download"), inputs_of(inputs, "inspect")
     card_file = inspect.get(CARD_NAME)
     card = ModelCard.load(require(inspect, CARD_NAME, "inspect"), f"inspect/{CARD_NAME}")
-    parts = {n: f for n, f in inputs_of(inputs, "decompose").items() if PART_NAME.match(n)}
+    decompose = inputs_of(inputs, "decompose")
+    parts = {n: f for n, f in decompose.items() if PART_NAME.match(n)}
     ordered = match_plan(card, collect_parts(parts))
+    # The report says whether an imatrix weighted the fits (a trial file of the auto search has none).
+    report = decompose.get(REPORT_NAME)
+    used = DecomposeReport.load(report.path, f"decompose/{REPORT_NAME}").header.imatrix if report else None
     package = package_gguf_source if card.is_gguf else package_hf_source
-    return package(params, download, card, card_file, ordered, Path(workdir))
+    return package(params, download, card, card_file, ordered, Path(workdir), imatrix_keys(used))

@@ -7,13 +7,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gguf
+
 from pipeline import __version__
 from pipeline.core.errors import InputError
 from pipeline.core.option_fields import option
-from pipeline.formats.gguf.keys import Bonsai
+from pipeline.formats.decompose_report import ImatrixUse
+from pipeline.formats.gguf.keys import Bonsai, QuantizeImatrix
+from pipeline.formats.gguf.writer import Typed
 from pipeline.stages.base import InputFile
 
-__all__ = ["Params", "OUTPUT_NAME", "GGML_QUANT_VERSION", "provenance_keys", "require"]
+__all__ = ["Params", "OUTPUT_NAME", "GGML_QUANT_VERSION", "provenance_keys", "imatrix_keys", "require"]
 
 OUTPUT_NAME = "model.gguf"
 GGML_QUANT_VERSION = 2  # gguf-py's GGML_QUANT_VERSION; llama.cpp checks it for block types
@@ -37,6 +41,26 @@ def provenance_keys(params: Params, card_sha256: str) -> dict[str, Any]:
         Bonsai.VERSION: __version__,
         Bonsai.SOURCE_CARD_SHA256: card_sha256,
     }
+
+
+def imatrix_keys(use: ImatrixUse | None) -> dict[str, Any]:
+    """The quantize.imatrix.* keys llama-quantize writes when an imatrix weighted the quants: strings
+    cut at 127 bytes and counts as UINT32, as it writes them; the dataset only when the imatrix names
+    one, the chunk count only when it is known. Nothing without an imatrix."""
+    if use is None:
+        return {}
+    keys: dict[str, Any] = {QuantizeImatrix.FILE: _cut(use.file)}
+    if use.dataset:
+        keys[QuantizeImatrix.DATASET] = _cut(use.dataset)
+    keys[QuantizeImatrix.ENTRIES_COUNT] = Typed(int(use.entries_count), gguf.GGUFValueType.UINT32)
+    if use.chunks_count > 0:
+        keys[QuantizeImatrix.CHUNKS_COUNT] = Typed(int(use.chunks_count), gguf.GGUFValueType.UINT32)
+    return keys
+
+
+def _cut(text: str) -> str:
+    # llama.cpp's key overrides hold 128 bytes with the terminator; never split a UTF-8 character.
+    return text.encode("utf-8")[:127].decode("utf-8", errors="ignore")
 
 
 def require(files: Mapping[str, InputFile], name: str, stage: str) -> Path:

@@ -40,12 +40,14 @@ __all__ = ["package_gguf_source"]
 log = logging.getLogger(__name__)
 
 
-def _metadata(params: Params, copied: Mapping[str, Any], types: set[str], card_sha256: str) -> dict[str, Any]:
+def _metadata(params: Params, copied: Mapping[str, Any], types: set[str], card_sha256: str,
+              extra_keys: Mapping[str, Any]) -> dict[str, Any]:
     meta: dict[str, Any] = dict(copied)
     # The source's own name ("Gemma 3 270m") says more than a file name; keep it when present.
     meta.setdefault(General.NAME, params.model_name)
     meta[General.FILE_TYPE] = int(file_type_for(ggml_type(t) for t in types))
     meta[General.QUANTIZATION_VERSION] = GGML_QUANT_VERSION
+    meta.update(extra_keys)
     meta.update(provenance_keys(params, card_sha256))
     return meta
 
@@ -65,6 +67,7 @@ def package_gguf_source(
     card_file: InputFile | None,
     ordered: list[PartTensor],
     workdir: Path,
+    extra_keys: Mapping[str, Any] | None = None,
 ) -> StageResult:
     """Write and verify ``model.gguf`` from a GGUF source's metadata and the matched parts.
 
@@ -77,7 +80,7 @@ def package_gguf_source(
     source_path = require(download, str(shards[0]), "download")
     copied, dropped = source_metadata(source_path)
     types = {t.ggml_type for t in ordered}
-    meta = _metadata(params, copied, types, card_file.sha256 if card_file else "")
+    meta = _metadata(params, copied, types, card_file.sha256 if card_file else "", extra_keys or {})
     to_write = [
         TensorToWrite(t.gguf_name, ggml_type(t.ggml_type), t.shape, t.loader())
         for t in ordered

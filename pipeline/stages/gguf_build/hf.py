@@ -48,12 +48,13 @@ _TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json"
 
 
 def _metadata(params: Params, config: Mapping[str, Any], vocab_meta: Mapping[str, Any], types: set[str],
-              card_sha256: str, arch: str) -> dict[str, Any]:
+              card_sha256: str, arch: str, extra_keys: Mapping[str, Any]) -> dict[str, Any]:
     file_type = file_type_for(ggml_type(t) for t in types)
     meta: dict[str, Any] = {General.NAME: params.model_name}
     meta.update(llama_metadata(config, file_type, arch))
     meta[General.QUANTIZATION_VERSION] = GGML_QUANT_VERSION
     meta.update(vocab_meta)
+    meta.update(extra_keys)
     meta.update(provenance_keys(params, card_sha256))
     return meta
 
@@ -73,6 +74,7 @@ def package_hf_source(
     card_file: InputFile | None,
     ordered: list[PartTensor],
     workdir: Path,
+    extra_keys: Mapping[str, Any] | None = None,
 ) -> StageResult:
     """Write and verify ``model.gguf`` for an HF checkpoint; InputError / IntegrityError name the culprit."""
     config = load_json(require(download, "config.json", "download"), "config.json")
@@ -80,7 +82,8 @@ def package_hf_source(
     vocab = load_tokenizer({n: download[n].path for n in _TOKENIZER_FILES if n in download}, config)
     types = {t.ggml_type for t in ordered}
     arch = arch_spec(card).gguf_name
-    meta = _metadata(params, config, vocab.metadata(), types, card_file.sha256 if card_file else "", arch)
+    meta = _metadata(params, config, vocab.metadata(), types, card_file.sha256 if card_file else "", arch,
+                     extra_keys or {})
     to_write = [
         TensorToWrite(t.gguf_name, ggml_type(t.ggml_type), t.shape, t.loader(), t.file_range)
         for t in ordered

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 import pytest
 import torch
@@ -19,6 +20,7 @@ from pipeline.db import repo
 from pipeline.db.session import session_scope
 from pipeline.demo import write_demo_checkpoint
 from pipeline.formats.gguf.ggml_quantize import LLAMA_QUANT_TYPES, quantize
+from pipeline.formats.gguf.keys import QuantizeImatrix
 from pipeline.formats.gguf.reader import GGUFFile
 from pipeline.orchestration.bootstrap import build_runtime
 from pipeline.orchestration.embedded import run_job
@@ -112,6 +114,18 @@ def test_quantized_tensors_are_llama_cpps_own_bytes(float_checkpoint: Path, tmp_
         ), tensor.name
         checked += 1
     assert checked, "the 4 bpw allocation puts some MLP weight on a llama.cpp quant"
+    # llama-quantize's record of the imatrix, as llama-quantize writes it (gguf-py's own reader knows
+    # no Q2_0, so ours reads this file; the calibrate end-to-end test reads a TQ2_0 file with gguf-py).
+    reader = GGUFFile(result["gguf"])
+    keys = (QuantizeImatrix.FILE, QuantizeImatrix.DATASET, QuantizeImatrix.ENTRIES_COUNT,
+            QuantizeImatrix.CHUNKS_COUNT)
+    fields = {key: reader.get_field(key) for key in keys}
+    assert fields[QuantizeImatrix.FILE].contents() == "imatrix.gguf"
+    assert fields[QuantizeImatrix.DATASET].contents() == matrix.datasets[0]
+    assert fields[QuantizeImatrix.ENTRIES_COUNT].contents() == len(matrix.entries)
+    assert fields[QuantizeImatrix.CHUNKS_COUNT].contents() == matrix.chunk_count > 0
+    for key in (QuantizeImatrix.ENTRIES_COUNT, QuantizeImatrix.CHUNKS_COUNT):
+        assert list(fields[key].types) == [gguf.GGUFValueType.UINT32]
 
 
 def test_quality_target_keeps_the_smallest_file_that_meets_it(float_checkpoint: Path, tmp_path: Path) -> None:

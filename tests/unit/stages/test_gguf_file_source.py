@@ -17,8 +17,9 @@ from conftest import package_inputs
 from pipeline.core.errors import InputError, IntegrityError
 from pipeline.core.files import sha256_file
 from pipeline.formats.gguf import tensor_source as gguf_source
+from pipeline.formats.gguf.keys import QuantizeImatrix
 from pipeline.formats.gguf.reader import GGUFFile
-from pipeline.formats.gguf.writer import TensorToWrite, write_gguf
+from pipeline.formats.gguf.writer import TensorToWrite, Typed, write_gguf
 from pipeline.formats.model_card import ModelCard
 from pipeline.stages import decompose, inspect, package
 from pipeline.stages.base import InputFile, JobSpec
@@ -46,9 +47,12 @@ def _source_type(name: str, ndim: int) -> gguf.GGMLQuantizationType:
 
 
 def _requantize(src: Path, dest: Path) -> Path:
-    """`src` rewritten with its metadata as-is and each tensor stored as `_source_type` says."""
+    """`src` rewritten with its metadata as-is and each tensor stored as `_source_type` says, plus the
+    record of an imatrix, as a source that llama-quantize made with one carries."""
     reader = GGUFFile(src)
     meta = {k: f.typed() for k, f in reader.fields.items() if k != "general.architecture"}
+    meta[QuantizeImatrix.FILE] = "imatrix-of-the-source.gguf"
+    meta[QuantizeImatrix.ENTRIES_COUNT] = Typed(14, gguf.GGUFValueType.UINT32)
     tensors = []
     for tensor in reader.tensors:
         values = gguf_source.dequantize_tensor(tensor)
@@ -177,6 +181,9 @@ def test_source_metadata_skips_rewritten_keys(mixed_gguf: Path) -> None:
     assert not dropped
     assert not set(copied) & gguf_source.REWRITTEN_KEYS
     assert not any(k.startswith("bonsai.") for k in copied)
+    # The source's imatrix record says how the source was quantized, not how the conversion is.
+    assert gguf.GGUFReader(mixed_gguf).get_field(QuantizeImatrix.FILE) is not None
+    assert not any(k.startswith(QuantizeImatrix.PREFIX) for k in copied)
     tokens = copied["tokenizer.ggml.tokens"]
     assert tokens.sub_type is gguf.GGUFValueType.STRING and all(isinstance(t, bytes) for t in tokens.value)
     assert "llama.block_count" in copied
@@ -223,9 +230,11 @@ def test_decompose_records_source_types(ternary_from_gguf: dict[str, Any]) -> No
 def test_package_keeps_source_metadata(ternary_from_gguf: dict[str, Any], mixed_gguf: Path) -> None:
     out, src = GGUFFile(ternary_from_gguf["gguf"]), GGUFFile(mixed_gguf)
     for key, field in src.fields.items():
-        if key in gguf_source.REWRITTEN_KEYS or key.startswith("bonsai."):
+        if key in gguf_source.REWRITTEN_KEYS or key.startswith(("bonsai.", QuantizeImatrix.PREFIX)):
             continue  # the source's own provenance keys describe the source, ours the new file
         assert out.fields[key].typed() == field.typed(), key
+    # This conversion read no imatrix: the source's record of one is not carried over.
+    assert not any(key.startswith(QuantizeImatrix.PREFIX) for key in out.fields)
     assert out.fields["general.file_type"].contents() == int(gguf.LlamaFileType.MOSTLY_TQ2_0)
     assert out.fields["bonsai.source"].contents() == str(mixed_gguf)
     types = {t.name: t.tensor_type.name for t in out.tensors}
