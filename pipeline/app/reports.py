@@ -63,6 +63,12 @@ def print_job(rt: Runtime, job_id: int, as_json: bool, against: int | None = Non
         console.print(f"[red]{safe(detail['error_message'])}[/red]", highlight=False)
     for warning in detail.get("warnings") or ():
         console.print(f"[yellow]warning[/yellow] {safe(warning)}", highlight=False)
+    if detail["options"]:
+        options = Table("option", "value")
+        for row in detail["options"]:
+            shown = row["value"] + (" (whole: bonsai show --json, under params)" if row["long"] else "")
+            options.add_row(safe(row["key"]), safe(shown))
+        console.print(options)
     table = Table("stage", "attempt", "status", "took", "device", "asked by", "outputs")
     for run in detail["stages"]:
         took = f"{run['duration_s']:.2f}s" if run["duration_s"] is not None else "-"

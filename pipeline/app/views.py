@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,7 +14,11 @@ from pipeline.db.models import Job, StageRun
 from pipeline.orchestration import coordinator
 from pipeline.orchestration.plan import plan_for
 
-__all__ = ["job_summary", "job_detail", "run_view"]
+__all__ = ["job_summary", "job_detail", "run_view", "option_rows", "LONG_OPTION_CHARS"]
+
+# An option value longer than this (or of more than one line) is shown as its size, digest and first
+# line: a calibration text or a manifest entry would otherwise fill the page and the terminal.
+LONG_OPTION_CHARS = 80
 
 
 def _time(value: datetime | None) -> str | None:
@@ -103,9 +110,29 @@ def run_view(run: StageRun, store: ArtifactStore | None = None) -> dict[str, Any
     }
 
 
+def option_rows(params: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The job's options as rows to show: ``key``, ``value`` (the text shown) and ``long``; a long value
+    is shown as its size, sha256 and first line, and ``params`` keeps it whole."""
+    rows = []
+    for key, value in sorted((params or {}).items()):
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        if len(text) <= LONG_OPTION_CHARS and "\n" not in text:
+            rows.append({"key": key, "value": text, "long": False})
+            continue
+        data = text.encode("utf-8")
+        first = text.strip().split("\n", 1)[0]
+        if len(first) > LONG_OPTION_CHARS:
+            first = first[:LONG_OPTION_CHARS - 1] + "…"
+        digest = hashlib.sha256(data).hexdigest()
+        rows.append({"key": key, "value": f"{len(data):,} bytes, sha256 {digest[:12]}, first line: {first!r}",
+                     "long": True, "size_bytes": len(data), "sha256": digest, "first_line": first})
+    return rows
+
+
 def job_detail(job: Job, store: ArtifactStore | None = None) -> dict[str, Any]:
     """A job with every attempt of every stage, their artifacts, and the validation result."""
     detail = job_summary(job)
+    detail["options"] = option_rows(job.params)
     runs = sorted(job.stage_runs, key=lambda r: (STAGE_ORDER.index(r.stage), r.id))
     detail["stages"] = [run_view(run, store) for run in runs]
     latest = _latest(job)

@@ -8,6 +8,7 @@ where). The test installs nothing: `make setup` brings chromium, chromium-driver
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from tests.support.browser import (
     text_of,
     wait,
 )
+from tests.support.lossy_demo import LOSSY_ARGS
 
 pytestmark = [pytest.mark.services, pytest.mark.llama, pytest.mark.slow]
 
@@ -146,8 +148,8 @@ def _check_lineage(browser: Any, server: Server, gguf_sha: str) -> None:
 def test_read_token_browses_a_converted_job(
     server: Server, browser: Any, demo_checkpoint: Path, tmp_path: Path
 ) -> None:
-    # A real conversion by the CLI, into the database the running server reads.
-    convert = server.bonsai("convert", str(demo_checkpoint))
+    # A real conversion by the CLI, into the database the running server reads (lossy: validate scores it).
+    convert = server.bonsai("convert", str(demo_checkpoint), *LOSSY_ARGS)
     assert convert.returncode == 0, convert.stdout + convert.stderr
     _log_in_with_the_form(browser, server.base)
 
@@ -238,12 +240,21 @@ def test_submit_token_submits_retries_and_cancels(
     _fill_and_submit(browser, "/etc")
     wait(browser, lambda d: "outside the allowed model folders" in text_of(d, "#submit-message"), "refusal")
 
-    # Submit through the form: the job shows up, with its recipe, priority and options.
-    _fill_and_submit(browser, str(broken), priority=7, options='{"method": "absmean"}')
+    # Submit through the form: the job shows up, with its recipe, priority and options; a long option
+    # value (a calibration text) is its size, digest and first line until asked for.
+    calibration = "The calibration text starts here.\n" + " ".join(f"word{i}" for i in range(400))
+    options = json.dumps({"method": "absmean", "calibration_text": calibration})
+    _fill_and_submit(browser, str(broken), priority=7, options=options)
     row = wait(browser, lambda d: next(iter(css(d, '#jobs tbody tr[data-job-id="1"]')), None), "job 1 row")
     assert "7" in row.text and "tq2_0" in row.text
     wait(browser, lambda d: _job_status(d, 1) == "failed", "job 1 failed")
-    assert '"method":"absmean"' in text_of(browser, "#job-meta")
+    shown = text_of(browser, "#job-options")
+    assert "method" in shown and "absmean" in shown
+    assert "The calibration text starts here." in shown and "bytes, sha256" in shown
+    assert "word399" not in browser.execute_script("return document.body.innerText")
+    assert "word399" not in browser.page_source, "the whole value enters the page only when asked for"
+    css(browser, '#job-options tr[data-key="calibration_text"] button.show-option')[0].click()
+    wait(browser, lambda d: "word399" in text_of(d, "#job-options"), "the whole calibration text")
     job = server.get("/api/jobs/1", SUBMIT_TOKEN)
     assert job["priority"] == 7 and job["submitted_by"] == "api:platform"
     message = next(r["error_message"] for r in job["stages"] if r["error_message"])

@@ -29,14 +29,36 @@ async function loadJob() {
   $("#job-panel").dataset.status = job.status;
   $("#job-title").replaceChildren(`Job ${job.id} `, badge(job.status));
   $("#job-meta").textContent = `${job.source} · recipe ${job.recipe} · priority ${job.priority}`
-    + ` · options ${JSON.stringify(job.params || {})} · submitted by ${job.submitted_by || "–"}`
-    + ` · revision ${job.resolved_revision || "–"}`;
+    + ` · submitted by ${job.submitted_by || "–"} · revision ${job.resolved_revision || "–"}`;
+  renderOptions(job);
   renderActions(job);
   const errors = renderErrors(job);
   renderTimeline(job.stages, errors);
   renderValidation(job.validation);
   renderArtifacts(job.stages);
   await renderSparsity(job.stages);
+}
+
+// ---- options: one row each; a long value (a calibration text) as its size, digest and first line ----
+function renderOptions(job) {
+  const rows = (job.options || []).map((row) => {
+    const cell = el("td", { class: "option-value" }, row.value);
+    if (row.long) {
+      // The whole value enters the page only when asked for.
+      cell.append(" ", el("button", {
+        type: "button", class: "show-option", text: "show all",
+        onclick: () => {
+          const value = (job.params || {})[row.key];
+          cell.replaceChildren(el("pre", {
+            class: "option-full", text: typeof value === "string" ? value : JSON.stringify(value, null, 1),
+          }));
+        },
+      }));
+    }
+    return el("tr", { "data-key": row.key }, el("th", { scope: "row", text: row.key }), cell);
+  });
+  $("#job-options").replaceChildren(...rows);
+  $("#job-options").hidden = rows.length === 0;
 }
 
 // ---- retry and cancel -----------------------------------------------------------------------
