@@ -28,8 +28,9 @@ from typing import Any
 
 from pipeline.core import option_fields
 from pipeline.core.errors import InputError
+from pipeline.formats.gguf.types import GGMLTypeName
 from pipeline.ternary.backends import TARGETS, backend_warnings, default_recipe
-from pipeline.ternary.policy import RECIPES, Recipe, get_recipe
+from pipeline.ternary.policy import RECIPES, Recipe, get_recipe, stored_type
 
 __all__ = ["Option", "OPTIONS", "JobInput", "DEFAULT_RECIPE", "canonical_recipe", "check_job_input",
            "job_warnings", "recipe_types", "KINDS"]
@@ -122,7 +123,9 @@ def canonical_recipe(name: str) -> str:
 def recipe_types(recipe: str, options: Mapping[str, Any] | None = None) -> list[str]:
     """Every tensor type a file of `recipe` (with its type options) holds, besides F32 norms."""
     made = get_recipe(recipe, options)
-    return sorted({made.ternary_type, made.embed_type, made.output_type, made.fallback_type})
+    # A `source` type still in the recipe may be BF16: the target runs BF16 wherever it stays.
+    return sorted({stored_type(t, GGMLTypeName.BF16)
+                   for t in (made.ternary_type, made.embed_type, made.output_type, made.fallback_type)})
 
 
 def job_warnings(recipe: str, options: Mapping[str, Any]) -> list[str]:

@@ -7,7 +7,11 @@ ggml-vulkan, ggml-cpu/arch/{x86,arm}/quants.c):
   Metal: no row gather); **no CUDA kernel**: on an NVIDIA card those tensors run on the CPU.
 - Q2_0: CUDA, Metal, Vulkan and ARM NEON; on x86 CPUs only the generic scalar code (slow).
 - Q1_0: CUDA, Metal, Vulkan, x86 AVX2 and ARM NEON.
-- K-quants, Q8_0, F16, BF16, F32: everywhere.
+- BF16 (the token embedding's GET_ROWS and the head's MUL_MAT): CPU, CUDA and Vulkan; on Metal only
+  on GPUs with bfloat support (Apple7 / Metal 3 and newer: ``has_bfloat`` in ggml-metal-device.m),
+  elsewhere those operations fall back to the CPU. So a ``source`` type (`policy.SOURCE_16`) is BF16
+  for a BF16 checkpoint on cpu, cuda and vulkan, and F16 for metal.
+- K-quants, Q8_0, F16, F32: everywhere.
 
 `target` is where the user means to run the file: "cpu" (x86; ARM NEON differs for Q2_0, said in
 the warning), "cuda", "metal" or "vulkan".
@@ -38,6 +42,7 @@ _TABLE: dict[str, dict[str, Support]] = {
     GGMLTypeName.TQ1_0: {"cpu": _S.FAST, "cuda": _S.NONE, "metal": _S.PARTIAL, "vulkan": _S.FAST},
     GGMLTypeName.Q2_0: {"cpu": _S.SCALAR, "cuda": _S.FAST, "metal": _S.FAST, "vulkan": _S.FAST},
     GGMLTypeName.Q1_0: {"cpu": _S.FAST, "cuda": _S.FAST, "metal": _S.FAST, "vulkan": _S.FAST},
+    GGMLTypeName.BF16: {"cpu": _S.FAST, "cuda": _S.FAST, "metal": _S.PARTIAL, "vulkan": _S.FAST},
 }
 _DEFAULT_RECIPE = {"cpu": "tq2_0", "cuda": "q2_0", "metal": "q2_0", "vulkan": "q2_0"}
 _WHY = {

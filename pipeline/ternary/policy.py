@@ -26,11 +26,13 @@ from typing import Any
 from pipeline.core.errors import InputError
 from pipeline.core.option_fields import option
 from pipeline.formats.gguf.types import GGMLTypeName, block_geometry
+from pipeline.ternary.backends import TARGETS, Support, support
 from pipeline.ternary.codecs import CODECS, codec_for
 
 __all__ = [
     "Recipe", "TensorDecision", "RECIPES", "LINEAR_KINDS", "METHODS", "HIGH_PRECISION",
-    "FALLBACK_TYPES", "AUTO", "get_recipe", "decide", "importance_for", "reads_statistics",
+    "FALLBACK_TYPES", "SOURCE_16", "AUTO", "get_recipe", "decide", "stored_type", "importance_for",
+    "reads_statistics",
 ]
 
 # Per-block linear weights llama.cpp multiplies activations by: the ternary candidates.
@@ -41,8 +43,13 @@ _LINEAR = re.compile(r"^blk\.(\d+)\.(" + "|".join(LINEAR_KINDS) + r")\.weight$")
 GPTQ = "gptq"  # the error-compensating fit: needs the calibrate stage's Gram matrices
 # Every codec's per-block fits, then gptq (each type's own fits: `codecs`, e.g. Q1_0 has no absmax).
 METHODS = (*dict.fromkeys(method for codec in CODECS.values() for method in codec.methods), GPTQ)
-HIGH_PRECISION = (GGMLTypeName.F16, GGMLTypeName.BF16, GGMLTypeName.F32, GGMLTypeName.Q8_0)
-FALLBACK_TYPES = (GGMLTypeName.F16, GGMLTypeName.BF16, GGMLTypeName.F32)
+# The default of every plain 2-D tensor's type: the source's own 16-bit type (BF16 stays BF16, as
+# llama.cpp's converter keeps it with --outtype auto; anything else F16), so a ternary-trained BF16
+# checkpoint converts bit for bit. On a target whose backend lacks BF16 (`backends`) it means F16.
+SOURCE_16 = "source"
+HIGH_PRECISION = (SOURCE_16, GGMLTypeName.F16, GGMLTypeName.BF16, GGMLTypeName.F32, GGMLTypeName.Q8_0)
+FALLBACK_TYPES = (SOURCE_16, GGMLTypeName.F16, GGMLTypeName.BF16, GGMLTypeName.F32)
+_TYPE_KNOBS = ("embed_type", "output_type", "fallback_type")
 _TARGET_BPW_RANGE = (1.5, 8.5)  # all ternary Q2_0 .. all Q8_0
 # The auto recipe's rung costs: the allocator's proxy, or the KL each group's step adds (`sensitivity`).
 PROXY, MEASURED = "proxy", "measured"
@@ -69,10 +76,14 @@ class Recipe:
     method: str = option("optimal", help="per-block fit (q1_0: optimal or absmean)", choices=METHODS)
     irls_iters: int = option(0, help="refinement passes after the fit (tq recipes only)", low=0, high=100)
     levels: int = option(3, help="q2_0 only: 3 = ternary codes, 4 = also code +2", low=3, high=4)
-    embed_type: str = option(GGMLTypeName.F16, help="type of token_embd.weight", choices=HIGH_PRECISION)
-    output_type: str = option(GGMLTypeName.F16, help="type of output.weight", choices=HIGH_PRECISION)
-    fallback_type: str = option(GGMLTypeName.F16, help="type of a 2-D tensor that cannot be ternary",
-                                choices=FALLBACK_TYPES)
+    embed_type: str = option(SOURCE_16, help="type of token_embd.weight; source: the source's own 16-bit "
+                             "type (BF16 stays BF16, else F16; F16 for a target without BF16: metal), so a "
+                             "ternary-trained BF16 checkpoint converts bit for bit and its source never runs",
+                             choices=HIGH_PRECISION)
+    output_type: str = option(SOURCE_16, help="type of output.weight (source: as embed_type)",
+                              choices=HIGH_PRECISION)
+    fallback_type: str = option(SOURCE_16, help="type of a 2-D tensor that cannot be ternary (source: as "
+                                "embed_type)", choices=FALLBACK_TYPES)
     target_bpw: float = option(0.0, shown_default=None, low=_TARGET_BPW_RANGE[0], high=_TARGET_BPW_RANGE[1],
                                help="auto only: bits per weight the 2-D weights may take (default 4.0; with "
                                "min_top1 / max_kl: the most they may take); the types that lose least within "
@@ -194,11 +205,27 @@ def get_recipe(name: str, options: Mapping[str, Any] | None = None) -> Recipe:
         changes["sensitivity"] = PROXY
     if name == AUTO and ("min_top1" in changes or "max_kl" in changes) and "target_bpw" not in changes:
         changes["target_bpw"] = _TARGET_BPW_RANGE[1]  # a quality target: any size it takes, up to all Q8_0
-    result = replace(recipe, **changes)
+    result = replace(recipe, **{**changes, **_without_bf16(recipe, changes, (options or {}).get("target"))})
     if result.method == GPTQ and result.irls_iters:
         raise InputError(f"recipe option irls_iters={result.irls_iters} does not combine with method=gptq, "
                          "which fits against the layer's inputs instead; leave irls_iters at 0")
     return result
+
+
+def _without_bf16(recipe: Recipe, changes: Mapping[str, Any], target: Any) -> dict[str, str]:
+    """``source`` types as F16 where the job's target runs BF16 only in part: the recipe is then the
+    one an explicit F16 gives, cache key included."""
+    if target not in TARGETS or support(GGMLTypeName.BF16, str(target)) is Support.FAST:
+        return {}
+    return {knob: GGMLTypeName.F16 for knob in _TYPE_KNOBS
+            if changes.get(knob, getattr(recipe, knob)) == SOURCE_16}
+
+
+def stored_type(ggml_type: str, source_dtype: str) -> str:
+    """The type a plain tensor is written as: ``source`` resolved against the tensor's source dtype."""
+    if ggml_type != SOURCE_16:
+        return ggml_type
+    return GGMLTypeName.BF16 if source_dtype.upper() == GGMLTypeName.BF16 else GGMLTypeName.F16
 
 
 def meets_quality(min_top1: float | None, max_kl: float | None, top1: float, mean_kl: float,
@@ -222,30 +249,33 @@ def _quality_target(recipe: str, key: str, value: Any) -> float:
     return float(value)
 
 
-def _plain(name: str, shape: tuple[int, ...], ggml_type: str, why: str, recipe: Recipe) -> TensorDecision:
+def _plain(name: str, shape: tuple[int, ...], ggml_type: str, why: str, fallback: str) -> TensorDecision:
     """``ggml_type`` for a non-ternary tensor, unless Q8_0 does not fit its rows."""
     cols = shape[-1] if shape else 1
     if ggml_type == GGMLTypeName.Q8_0 and cols % _Q8_0_BLOCK:
         return TensorDecision(
-            recipe.fallback_type, False,
+            fallback, False,
             f"{name}: {why}; row length {cols} is not a multiple of 32 (Q8_0 block size); "
-            f"kept as {recipe.fallback_type}",
+            f"kept as {fallback}",
             is_fallback=True,
         )
     return TensorDecision(ggml_type, False, f"{name}: {why}; stored as {ggml_type}")
 
 
-def decide(gguf_name: str, shape: tuple[int, ...], recipe: Recipe) -> TensorDecision:
-    """The storage type of tensor ``gguf_name`` with torch ``shape`` (``[rows, cols]``) under ``recipe``."""
+def decide(gguf_name: str, shape: tuple[int, ...], recipe: Recipe, source_dtype: str = "") -> TensorDecision:
+    """The storage type of tensor ``gguf_name`` with torch ``shape`` (``[rows, cols]``) under ``recipe``;
+    ``source_dtype`` (the checkpoint's, e.g. BF16) resolves the ``source`` types (`stored_type`)."""
     shape = tuple(shape)
     tq = recipe.ternary_type
+    fallback = stored_type(recipe.fallback_type, source_dtype)
     if len(shape) <= 1:
         return TensorDecision(GGMLTypeName.F32, False, f"{gguf_name}: 1-D tensor (norm or bias) kept as F32")
     if gguf_name == "token_embd.weight":
-        return _plain(gguf_name, shape, recipe.embed_type, "token embedding kept in higher precision", recipe)
+        return _plain(gguf_name, shape, stored_type(recipe.embed_type, source_dtype),
+                      "token embedding kept in higher precision", fallback)
     if gguf_name == "output.weight":
-        return _plain(gguf_name, shape, recipe.output_type, "output head kept in higher precision", recipe)
-    fallback = recipe.fallback_type
+        return _plain(gguf_name, shape, stored_type(recipe.output_type, source_dtype),
+                      "output head kept in higher precision", fallback)
     if not _LINEAR.match(gguf_name):
         return TensorDecision(
             fallback, False,

@@ -40,7 +40,8 @@ def _submit(client: TestClient, body: dict[str, Any]) -> Any:
 @pytest.mark.parametrize(("body", "message"), [
     ({"recipe": "tq9"}, "unknown recipe 'tq9'; did you mean 'tq2_0' or 'tq1_0'?"),
     ({"options": {"metod": "absmean"}}, "unknown option 'metod'; did you mean 'method'?"),
-    ({"options": {"embed_type": "q4_k"}}, "option embed_type='q4_k'; expected one of F16, BF16, F32, Q8_0"),
+    ({"options": {"embed_type": "q4_k"}},
+     "option embed_type='q4_k'; expected one of source, F16, BF16, F32, Q8_0"),
     ({"options": {"levels": 4}}, "levels=4 applies to recipe q2_0 only"),
     ({"target": "tpu"}, "option target='tpu'; expected one of cpu, cuda, metal, vulkan"),
     ({"options": {"agreement_pass_top1": 0.2}}, "agreement_fail_top1"),

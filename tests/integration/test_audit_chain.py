@@ -21,6 +21,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.support.lossy_demo import LOSSY_ARGS
+
 pytestmark = [pytest.mark.services, pytest.mark.llama, pytest.mark.slow]
 
 HF_TOKEN = "hf_auditTEST" + uuid.uuid4().hex  # unique: any hit is this test's token and nothing else
@@ -78,7 +80,8 @@ def demo(database: str, demo_checkpoint: Path, tmp_path_factory: pytest.TempPath
     home = tmp_path_factory.mktemp("audit_home")
     probe = Demo(home, database, subprocess.CompletedProcess([], 0))
     assert probe.bonsai("db", "upgrade").returncode == 0
-    convert = probe.bonsai("-v", "convert", str(demo_checkpoint), BONSAI_HF_TOKEN=HF_TOKEN)
+    # The lossy route: calibrate's reference is one of the statements.
+    convert = probe.bonsai("-v", "convert", str(demo_checkpoint), *LOSSY_ARGS, BONSAI_HF_TOKEN=HF_TOKEN)
     assert convert.returncode == 0, convert.stdout + convert.stderr
     return Demo(home, database, convert, probe.show())
 

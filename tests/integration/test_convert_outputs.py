@@ -18,11 +18,13 @@ import pytest
 from click.testing import CliRunner, Result
 
 from pipeline.app.cli import cli
+from tests.support.lossy_demo import LOSSY_ARGS
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
 # An agreement bar no conversion clears (test_publish uses the same): validation fails.
-FAILING = ("--option", "agreement_pass_top1=1.0", "--option", "agreement_fail_top1=0.999")
+# An agreement bar no lossy conversion clears (an exact one is not scored: the lossy route).
+FAILING = ("--option", "agreement_pass_top1=1.0", "--option", "agreement_fail_top1=0.999", *LOSSY_ARGS)
 
 
 @pytest.fixture
@@ -124,7 +126,7 @@ def test_export_of_a_succeeded_job_and_of_one_without_a_gguf(workspace: Path) ->
 @pytest.mark.parametrize(("args", "message"), [
     (("--option", "metod=absmean"), "unknown option 'metod'; did you mean 'method'?"),
     (("--recipe", "tq9"), "unknown recipe 'tq9'"),
-    (("--option", "embed_type=q4_k"), "expected one of F16, BF16, F32, Q8_0"),
+    (("--option", "embed_type=q4_k"), "expected one of source, F16, BF16, F32, Q8_0"),
     (("--option", "agreement_pass_top1=0.3"), "agreement_fail_top1"),
 ])
 def test_typos_are_refused_before_a_job_row_exists(workspace: Path, args: tuple[str, ...],

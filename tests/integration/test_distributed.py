@@ -104,7 +104,7 @@ def test_calibrate_and_decompose_of_one_job_run_at_once_on_two_workers(make_clus
     assert calibrate.worker_host != decompose.worker_host
     assert calibrate.started_at < decompose.finished_at and decompose.started_at < calibrate.finished_at, (
         calibrate.started_at, calibrate.finished_at, decompose.started_at, decompose.finished_at)
-    # The demo's default conversion is lossy, so validate scored against calibrate's reference.
+    # The demo's lossy route (the cluster's default), so validate scored against calibrate's reference.
     assert runs["validate"].metrics["agreement"].get("measured") is not False
 
 
@@ -115,10 +115,7 @@ def test_an_exact_conversion_does_not_wait_for_a_calibrate_started_beside_it(mak
     cluster = make_cluster(broker_url, **HOLD_DECOMPOSE)
     cluster.start_worker()
     cluster.start_worker()
-    submitted = cluster.bonsai("submit", str(demo_checkpoint), "--option", "embed_type=BF16",
-                               "--option", "output_type=BF16")
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = int(submitted.stdout.split()[0])
+    (job_id,) = cluster.submit(str(demo_checkpoint), options=())  # exact by default
     assert cluster.wait_jobs_final([job_id], timeout_s=240) == {job_id: "succeeded"}
     runs = {run.stage: run for run in cluster.runs()}
     assert runs["decompose"].metrics["exact"] is True

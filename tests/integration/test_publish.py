@@ -15,6 +15,7 @@ import yaml
 from pipeline.core.errors import InputError
 from pipeline.formats.gguf.reader import GGUFFile
 from pipeline.publish import JobFacts, build_bundle
+from tests.support.lossy_demo import LOSSY_ARGS
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -31,7 +32,7 @@ def failed_job(tmp_path_factory: pytest.TempPathFactory, demo_checkpoint: Path) 
     """A converted demo whose validation failed (an agreement bar no conversion clears): its BONSAI_HOME."""
     home = tmp_path_factory.mktemp("publish-home")
     converted = _bonsai(home, "convert", str(demo_checkpoint), "--option", "agreement_pass_top1=1.0",
-                        "--option", "agreement_fail_top1=0.999")
+                        "--option", "agreement_fail_top1=0.999", *LOSSY_ARGS)
     assert converted.returncode == 1, converted.stdout + converted.stderr
     return home
 

@@ -16,6 +16,7 @@ from sqlalchemy import select
 
 from pipeline.db.models import Job, StageRun
 from pipeline.db.session import make_engine, make_sessionmaker, session_scope
+from tests.support.lossy_demo import LOSSY_ARGS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,8 +72,10 @@ class Cluster:
         self.others.append(proc)
         return proc
 
-    def submit(self, *sources: str) -> list[int]:
-        result = self.bonsai("submit", *sources)
+    def submit(self, *sources: str, options: Sequence[str] = LOSSY_ARGS) -> list[int]:
+        """Submit ``sources`` with ``options`` (CLI arguments); by default the demo's lossy route, which
+        runs every stage (calibrate included), as most orchestration tests want."""
+        result = self.bonsai("submit", *sources, *options)
         assert result.returncode == 0, result.stdout + result.stderr
         return [int(line) for line in result.stdout.split()]
 

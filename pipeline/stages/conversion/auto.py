@@ -157,6 +157,7 @@ def measure(
     from pipeline.stages.conversion.shard import encode_tensor
 
     rungs: dict[str, list[Rung]] = {}
+    dtypes = {p.gguf_name: p.source_dtype for p in plan}
     for shard in card.shards:
         for name, weight in source.iter_tensors(card, files, shard, **stream_options):
             shape = tuple(int(d) for d in weight.shape)
@@ -168,7 +169,7 @@ def measure(
                     ", ".join(f"{r.label} {r.cost:.4g}" for r in rungs[name]),
                 )
             elif keep is not None:
-                decision = decide(name, shape, recipe)
+                decision = decide(name, shape, recipe, dtypes.get(name, ""))
                 keep.put(name, label_of(decision), encode_tensor(name, weight, decision, recipe, device,
                                                                 calibration))
             del weight
@@ -202,7 +203,7 @@ def allocation_of(
     """Decisions for every planned tensor, the candidates on the rungs ``chosen`` (index by name), as
     an allocation within ``bpw``."""
     budget = budget_of(candidates, bpw)
-    decisions = {p.gguf_name: decide(p.gguf_name, p.shape, recipe) for p in plan}
+    decisions = {p.gguf_name: decide(p.gguf_name, p.shape, recipe, p.source_dtype) for p in plan}
     rungs, params = candidates.rungs, candidates.n_params
     n_params = candidates.total_params
     spent = sum(rungs[name][i].n_bytes for name, i in chosen.items())

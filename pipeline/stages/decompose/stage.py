@@ -248,7 +248,7 @@ def run(
                          "check the download and inspect outputs")
     recipe = params.recipe
     calibration = load_calibration(inputs, params.importance, recipe.method)
-    decisions = {p.gguf_name: decide(p.gguf_name, p.shape, recipe) for p in plan}
+    decisions = {p.gguf_name: decide(p.gguf_name, p.shape, recipe, p.source_dtype) for p in plan}
     allocation: AllocationSummary | None = None
     if recipe.name == AUTO:
         chosen = _auto(card, files, plan, recipe, device, calibration, inputs, workdir)

@@ -109,7 +109,8 @@ def test_gaussian_two_shards_with_fallbacks(tmp_path: Path) -> None:
     index = decompose.read_part_index(parts[1]).by_name()
     up = index["blk.1.ffn_up.weight"]
     assert (up.ggml_type, up.shape) == ("TQ2_0", (320, 256))
-    assert index["blk.1.ffn_down.weight"].ggml_type == "F16"
+    # The source is BF16: a fallback keeps the source's own 16-bit type by default.
+    assert index["blk.1.ffn_down.weight"].ggml_type == "BF16"
     with safe_open(str(parts[1]), framework="numpy") as handle:
         raw = handle.get_tensor("blk.1.ffn_up.weight")
     assert raw.dtype == np.uint8 and raw.size == 320 * 66
@@ -181,17 +182,23 @@ def test_dropped_tensors_memory_is_reused(tmp_path: Path) -> None:
 def _decompose(tmp_path: Path, checkpoint: Path, recipe: str = "tq2_0", **options: Any) -> Any:
     card = card_for_checkpoint(checkpoint)
     inputs = _inputs(tmp_path, card, card["shards"], checkpoint)
-    work = tmp_path / f"work-{recipe}-{len(options)}"
+    work = tmp_path / "-".join(["work", recipe, *(f"{k}={v}" for k, v in sorted(options.items()))])
     work.mkdir()
     return decompose.run(decompose.make_params(JobSpec("demo", recipe, options)), inputs, work), work
 
 
 def test_exactness_is_proven_on_the_bytes_written(demo_checkpoint: Path, tmp_path: Path) -> None:
     # The demo's linear weights are exactly ternary; its BF16 embedding and head round a little in F16.
-    lossy_f16, _ = _decompose(tmp_path, demo_checkpoint)
+    lossy_f16, _ = _decompose(tmp_path, demo_checkpoint, embed_type="F16", output_type="F16")
     assert lossy_f16.metrics["exact"] is False and lossy_f16.metrics["n_inexact"] == 2
     assert "embed_type=bf16" in lossy_f16.metrics["exact_note"]
-    exact, work = _decompose(tmp_path, demo_checkpoint, embed_type="BF16", output_type="BF16")
+    # By default they keep the source's BF16: exact, as are the explicit types.
+    for options in ({}, {"embed_type": "BF16", "output_type": "BF16"}):
+        exact, work = _decompose(tmp_path, demo_checkpoint, **options)
+        assert exact.metrics["exact"] is True and exact.metrics["n_inexact"] == 0
+    # A target whose backend lacks BF16 (Metal, in part) gets F16, and the rounding is named.
+    metal, _ = _decompose(tmp_path, demo_checkpoint, target="metal")
+    assert metal.metrics["exact"] is False and "embed_type=bf16" in metal.metrics["exact_note"]
     assert exact.metrics["exact"] is True and exact.metrics["n_inexact"] == 0
     report = json.loads((work / "report.json").read_text())
     assert report["exact"] is True and all(t["exact"] for t in report["tensors"])

@@ -46,7 +46,8 @@ def test_unknown_option_key_is_refused_with_the_near_ones() -> None:
 
 
 @pytest.mark.parametrize(("recipe", "options", "message"), [
-    ("tq2_0", {"embed_type": "q4_k"}, r"option embed_type='q4_k'; expected one of F16, BF16, F32, Q8_0"),
+    ("tq2_0", {"embed_type": "q4_k"},
+     r"option embed_type='q4_k'; expected one of source, F16, BF16, F32, Q8_0"),
     ("tq2_0", {"n_ctx": "many"}, r"option n_ctx='many' must be an integer"),
     ("tq2_0", {"n_ctx": 8}, r"option n_ctx=8; expected at least 16"),
     ("tq2_0", {"irls_iters": 101}, r"expected at most 100"),

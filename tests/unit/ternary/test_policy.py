@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from pipeline.core.errors import InputError
-from pipeline.ternary.policy import RECIPES, decide, get_recipe
+from pipeline.ternary.policy import RECIPES, SOURCE_16, decide, get_recipe
 
 
 @pytest.mark.parametrize("kind", ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
@@ -62,3 +64,30 @@ def test_recipes_and_knobs() -> None:
         get_recipe("tq2_0", {"method": "fast"})
     with pytest.raises(InputError, match="irls_iters"):
         get_recipe("tq2_0", {"irls_iters": -1})
+
+
+def test_plain_tensors_keep_the_sources_own_16_bit_type_by_default() -> None:
+    recipe = get_recipe("tq2_0")
+    assert recipe.embed_type == recipe.output_type == recipe.fallback_type == SOURCE_16
+    for name, shape in (("token_embd.weight", (1000, 640)), ("output.weight", (1000, 640)),
+                        ("blk.0.ffn_down.weight", (256, 640))):
+        kept = decide(name, shape, recipe, "BF16")
+        assert kept.ggml_type == "BF16" and "BF16" in kept.reason, name
+        for other in ("F16", "F32", "Q4_K", ""):
+            assert decide(name, shape, recipe, other).ggml_type == "F16", (name, other)
+    # An explicit type is what it says, whatever the source, and the recipe is the one it always was.
+    explicit = get_recipe("tq2_0", {"embed_type": "F16", "output_type": "F16", "fallback_type": "F16"})
+    assert decide("token_embd.weight", (1000, 640), explicit, "BF16").ggml_type == "F16"
+    assert explicit == replace(RECIPES["tq2_0"], embed_type="F16", output_type="F16", fallback_type="F16")
+
+
+def test_a_target_without_bf16_stores_f16() -> None:
+    metal = get_recipe("q2_0", {"target": "metal"})
+    assert metal == get_recipe("q2_0", {"embed_type": "F16", "output_type": "F16", "fallback_type": "F16"})
+    assert decide("token_embd.weight", (1000, 640), metal, "BF16").ggml_type == "F16"
+    for target in ("cpu", "cuda", "vulkan"):
+        assert get_recipe("q2_0", {"target": target}).embed_type == SOURCE_16, target
+    # What the user asked for stands: an explicit BF16 on Metal is kept (and warned about elsewhere).
+    assert get_recipe("q2_0", {"target": "metal", "embed_type": "BF16"}).embed_type == "BF16"
+    # The auto recipe's Q8_0 embedding and head are its own choice, not the source's type.
+    assert get_recipe("auto", {"target": "metal"}).embed_type == "Q8_0"
