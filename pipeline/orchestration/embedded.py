@@ -22,6 +22,7 @@ from sqlalchemy import select
 from pipeline.core.states import JobState, StageName, StageState
 from pipeline.db.models import Job, StageRun
 from pipeline.db.session import session_scope
+from pipeline.orchestration import run_ends
 from pipeline.orchestration.execution import execute_run
 from pipeline.orchestration.progression import Advance, advance_job
 from pipeline.orchestration.runtime import Runtime
@@ -31,7 +32,9 @@ __all__ = ["run_job", "StageEvent", "warm_up"]
 
 log = logging.getLogger(__name__)
 
-_DEFER_S = 1.0
+# A deferred attempt starts again when a run of this process ends (`run_ends`); at the latest after
+# this long, for an equal run in another process, which cannot signal here.
+_FOREIGN_RECHECK_S = 1.0
 # What a later stage imports when it runs (decompose: torch, about 1 s, and numba). Loaded in a background
 # thread while the first stages run, which mostly wait on files and on calibrate's llama.cpp
 # child process, so the import no longer lands between stages.
@@ -116,8 +119,9 @@ class _JobRun:
     def __init__(self, rt: Runtime, job_id: int, notify: Callable[[StageEvent], None],
                  pool: ThreadPoolExecutor) -> None:
         self.rt, self.job_id, self.notify, self.pool = rt, job_id, notify, pool
-        self.running: dict[int, Future[StageState]] = {}
-        self.deferred: set[int] = set()  # attempts that found an equal run in flight elsewhere
+        self.running: dict[int, Future[tuple[StageState, int]]] = {}
+        # Attempts that found an equal run in flight, with `run_ends.mark` from just before they looked.
+        self.deferred: dict[int, int] = {}
         with session_scope(rt.sessions) as session:
             self.told = set(_not_needed(session, job_id))
 
@@ -134,7 +138,7 @@ class _JobRun:
             for run_id, future in list(self.running.items()):
                 if future in finished:
                     del self.running[run_id]
-                    self._report(run_id, future.result())
+                    self._report(run_id, *future.result())
 
     def _advance(self) -> Advance:
         with session_scope(self.rt.sessions) as session:
@@ -158,16 +162,19 @@ class _JobRun:
                 continue  # submitted, not yet claimed by its thread
             if len(self.running) >= self.rt.stage_threads:
                 break  # stays pending: the next look at the job starts it
-            delay_s = step.delay_s or (_DEFER_S if step.run_id in self.deferred else 0.0)
-            self.deferred.discard(step.run_id)
-            if delay_s:
-                log.info("job %s stage %s: starting in %.1fs", self.job_id, step.stage.value, delay_s)
+            behind = self.deferred.pop(step.run_id, None)
+            if step.delay_s:
+                log.info("job %s stage %s: starting in %.1fs", self.job_id, step.stage.value, step.delay_s)
+            elif behind is not None:
+                log.info("job %s stage %s: waiting for the equal run in flight to end", self.job_id,
+                         step.stage.value)
             self.notify(StageEvent(self.job_id, step.stage, StageState.RUNNING))
-            self.running[step.run_id] = self.pool.submit(_execute_after, self.rt, step.run_id, delay_s)
+            self.running[step.run_id] = self.pool.submit(_execute_after, self.rt, step.run_id, step.delay_s,
+                                                         behind)
 
-    def _report(self, run_id: int, state: StageState) -> None:
+    def _report(self, run_id: int, state: StageState, seen: int) -> None:
         if state in (StageState.PENDING, StageState.QUEUED):
-            self.deferred.add(run_id)  # an equal run is in flight in another process: look again shortly
+            self.deferred[run_id] = seen  # an equal run is in flight: start again when it ends
             return
         with session_scope(self.rt.sessions) as session:
             run = session.get_one(StageRun, run_id)
@@ -175,7 +182,12 @@ class _JobRun:
         self.notify(event)
 
 
-def _execute_after(rt: Runtime, run_id: int, delay_s: float) -> StageState:
+def _execute_after(rt: Runtime, run_id: int, delay_s: float, behind: int | None) -> tuple[StageState, int]:
+    """The attempt's state after a retry's backoff (``delay_s``), or once a run has ended since
+    ``behind`` (the mark it was deferred at); with the mark taken before this look, for the next."""
     if delay_s:
         time.sleep(delay_s)
-    return execute_run(rt, run_id)
+    elif behind is not None:
+        run_ends.wait_after(behind, _FOREIGN_RECHECK_S)
+    seen = run_ends.mark()
+    return execute_run(rt, run_id), seen

@@ -30,7 +30,7 @@ from pipeline.core.states import LinkDirection, StageName, StageState
 from pipeline.db import repo
 from pipeline.db.models import Job, StageRun, utcnow
 from pipeline.db.session import session_scope
-from pipeline.orchestration import fanout
+from pipeline.orchestration import fanout, run_ends
 from pipeline.orchestration.attempt_log import AttemptLog
 from pipeline.orchestration.heartbeat import Heartbeat
 from pipeline.orchestration.memory_guard import MemoryGuard
@@ -120,7 +120,10 @@ def execute_run(rt: Runtime, run_id: int, use_cache: bool = True) -> StageState:
     (cache hits, bytes moved) joins the stage's metrics.
     """
     with store_activity():
-        return _execute_run(rt, run_id, use_cache)
+        state = _execute_run(rt, run_id, use_cache)
+    if state.is_final:
+        run_ends.announce()  # an attempt of this process deferred behind this one may go now
+    return state
 
 
 def _execute_run(rt: Runtime, run_id: int, use_cache: bool) -> StageState:
