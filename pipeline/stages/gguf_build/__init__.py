@@ -36,6 +36,6 @@ def build_gguf(params: Params, inputs: Mapping[str, InputFile], workdir: Path) -
     ordered = match_plan(card, collect_parts(parts))
     # The report says whether an imatrix weighted the fits (a trial file of the auto search has none).
     report = decompose.get(REPORT_NAME)
-    used = DecomposeReport.load(report.path, f"decompose/{REPORT_NAME}").header.imatrix if report else None
+    used = DecomposeReport.load_imatrix_use(report.path, f"decompose/{REPORT_NAME}") if report else None
     package = package_gguf_source if card.is_gguf else package_hf_source
     return package(params, download, card, card_file, ordered, Path(workdir), imatrix_keys(used))

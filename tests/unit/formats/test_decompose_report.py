@@ -13,6 +13,7 @@ from pipeline.formats.decompose_report import (
     AllocationSummary,
     CandidateSummary,
     DecomposeReport,
+    ImatrixUse,
     ReportHeader,
     RungCost,
     SearchSummary,
@@ -130,3 +131,17 @@ def test_with_header_changes_only_the_header() -> None:
     merged = report.with_header(fanout=2, shards=("a", "b"))
     assert merged.header == replace(report.header, fanout=2, shards=("a", "b"))
     assert merged.tensors == report.tensors and merged.totals == report.totals
+
+
+def test_the_imatrix_a_report_records_reads_back_alone(tmp_path: Path) -> None:
+    use = ImatrixUse(file="imatrix.gguf", dataset="builtin", entries_count=14, chunks_count=9)
+    DecomposeReport.build([_row("blk.0.ffn_up.weight")], _header(imatrix=use)).write(tmp_path / "a.json")
+    assert DecomposeReport.load_imatrix_use(tmp_path / "a.json") == use
+    assert DecomposeReport.load(tmp_path / "a.json").header.imatrix == use
+    DecomposeReport.build([_row("blk.0.ffn_up.weight")], _header()).write(tmp_path / "b.json")
+    assert DecomposeReport.load_imatrix_use(tmp_path / "b.json") is None
+    document = json.loads((tmp_path / "a.json").read_text())
+    document["imatrix"] = {"file": "imatrix.gguf"}
+    (tmp_path / "c.json").write_text(json.dumps(document))
+    with pytest.raises(IntegrityError, match="c.json: not a valid decompose report"):
+        DecomposeReport.load_imatrix_use(tmp_path / "c.json", "c.json")
