@@ -409,7 +409,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, seconds: CI runs it to prove the bench runs (figures meaningless)")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.sizes, args.types, args.repeat = "tiny", "tq2_0,q2_0,q1_0", 1
     if args.child:
         kind, layout, *rest = args.child
         paths = [Path(p) for p in rest]

@@ -295,11 +295,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--max-time-s", type=int, default=None, help="stop each target after this long")
     parser.add_argument("--out", type=Path, default=None, help="findings folder (default: temporary)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, seconds: CI runs it to prove the bench runs (figures meaningless)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--fixed", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--corpus", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("libfuzzer", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.smoke:
+        args.runs, args.max_time_s = 200, 5
     if args.child:
         run_child(args.child, args.fixed, args.corpus, args.out, args.libfuzzer)
         return

@@ -107,7 +107,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, seconds: CI runs it to prove the bench runs (figures meaningless)")
     args = parser.parse_args()
+    if args.smoke:
+        args.jobs, args.clients = 6, 2
     token, entry = new_token("load", ("submit",))
     headers = {"Authorization": f"Bearer {token}"}
     redis_db = os.environ.get("BONSAI_TEST_REDIS_DB", "13")

@@ -223,7 +223,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--latency-jobs", type=int, default=20)
     parser.add_argument("--s3", action="store_true", help="Also run with the store in a SeaweedFS bucket.")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, seconds: CI runs it to prove the bench runs (figures meaningless)")
     args = parser.parse_args()
+    if args.smoke:
+        args.jobs, args.latency_jobs = 4, 2
     print(f"load average before: {os.getloadavg()}")
     with tempfile.TemporaryDirectory(prefix="bonsai-bench-") as tmp_name:
         tmp = Path(tmp_name)

@@ -37,7 +37,11 @@ def main() -> None:
     parser.add_argument("--size-mb", type=int, default=512)
     parser.add_argument("--part-mb", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, seconds: CI runs it to prove the bench runs (figures meaningless)")
     args = parser.parse_args()
+    if args.smoke:
+        args.size_mb, args.part_mb, args.concurrency = 12, 5, 2
     os.environ.update(seaweed.AWS_ENV)
     print(f"load average before: {os.getloadavg()}")
     with tempfile.TemporaryDirectory(prefix="bonsai-s3-bench-") as tmp_name:
