@@ -146,7 +146,9 @@ _STAGE_MOVES: dict[StageState, frozenset[StageState]] = {
     # running -> skipped-cached: the claimed attempt found an equal earlier result.
     _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.CANCELLED, _S.SKIPPED_CACHED}),
     _S.SUCCEEDED: frozenset(),
-    _S.FAILED: frozenset(),
+    # failed -> not-needed: a stage started early failed, then its readers turned out not to need it;
+    # the failure moves into its metrics (the log stays), so a job that succeeded lists no failure.
+    _S.FAILED: frozenset({_S.NOT_NEEDED}),
     _S.CANCELLED: frozenset(),
     _S.SKIPPED_CACHED: frozenset(),
     _S.NOT_NEEDED: frozenset(),

@@ -21,12 +21,13 @@ from pipeline.core.states import (
     LinkDirection,
     StageName,
     StageState,
+    downstream_of,
     upstream_of,
 )
 from pipeline.db import repo
 from pipeline.db.models import StageRun
 from pipeline.orchestration import coordinator
-from pipeline.orchestration.plan import plan_for
+from pipeline.orchestration.plan import JobPlan, plan_for
 from pipeline.provenance.statements import redact
 from pipeline.stages import load_stage
 from pipeline.stages.base import JobSpec
@@ -216,17 +217,26 @@ def retry_job(session: Session, job_id: int, from_stage: StageName | None, force
     """
     job = repo.get_job(session, job_id)
     latest = repo.latest_runs(session, job_id)
-    active = [s.value for s, run in latest.items() if run.status in (StageState.QUEUED, StageState.RUNNING)]
-    if active:
-        raise InputError(f"job {job_id} has {', '.join(active)} queued or running; cancel it or wait")
+    active = [s for s, run in latest.items() if run.status in (StageState.QUEUED, StageState.RUNNING)]
     states = {stage: run.status for stage, run in latest.items()}
     plan = plan_for(job.recipe, job.params)
     if from_stage is not None and from_stage not in plan.inputs:
         raise InputError(f"job {job_id} has no {from_stage.value} stage (its stages: "
                          f"{', '.join(s.value for s in plan.order)}); retry from one of those")
     stages = coordinator.retry_stages(states, from_stage, plan.order, plan.inputs)
+    succeeded = job.status is JobState.SUCCEEDED
+    # A succeeded job may still run a stage it did not need (calibrate started beside decompose): only a
+    # retry that would run that stage again waits for it.
+    if active and (not succeeded or set(active) & set(stages)):
+        names = ", ".join(s.value for s in active)
+        if succeeded:
+            raise InputError(f"job {job_id} succeeded, but its {names} still runs in the background (started "
+                             "beside decompose; the job did not need it, and its result is kept for later "
+                             "jobs of this checkpoint); a retry that reruns it waits for it: wait, or retry "
+                             "from a stage after it")
+        raise InputError(f"job {job_id} has {names} queued or running; cancel it or wait")
     if not stages:
-        raise InputError(f"job {job_id} has nothing to retry: every stage succeeded (use --from STAGE)")
+        raise InputError(_nothing_to_retry(job_id, plan))
     first = stages[0]
     upstream_missing = [s.value for s in upstream_of(first, plan.inputs)
                         if states.get(s) not in DONE_STATES]
@@ -246,6 +256,14 @@ def retry_job(session: Session, job_id: int, from_stage: StageName | None, force
     if job.status is not JobState.RUNNING:
         repo.set_job_state(session, job, JobState.RUNNING)
     return run_ids
+
+
+def _nothing_to_retry(job_id: int, plan: JobPlan) -> str:
+    """What a retry of a job whose every stage is done would rerun, stage by stage."""
+    reruns = "; ".join(
+        f"--from {stage.value} reruns {', '.join(s.value for s in downstream_of(stage, plan.inputs))}"
+        for stage in plan.order)
+    return f"job {job_id} has nothing to retry: every stage is done. {reruns}"
 
 
 def _released_outputs(run: StageRun) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -135,13 +136,23 @@ def _states(latest: dict[StageName, StageRun]) -> dict[StageName, StageState]:
 
 def _settle_unneeded(session: Session, job: Job, plan: JobPlan, latest: dict[StageName, StageRun]) -> bool:
     """Record calibrate as not needed once decompose proved the conversion exact, unless its attempt
-    already runs (its result is kept for later jobs; the job does not wait for it). True if recorded."""
+    runs or ran (its result is kept for later jobs; the job does not wait for it). An attempt started
+    early that failed is not needed either: its failure moves into its metrics (``failure``), its log
+    stays. True if recorded."""
     reason = calibrate_not_needed(plan)
     run = latest.get(StageName.CALIBRATE)
-    if reason is None or (run is not None and run.status not in (StageState.PENDING, StageState.QUEUED)):
+    settles = (StageState.PENDING, StageState.QUEUED, StageState.FAILED)
+    if reason is None or (run is not None and run.status not in settles):
         return False
     run = run if run is not None else repo.new_attempt(session, job, StageName.CALIBRATE)
-    repo.set_stage_state(session, run, StageState.NOT_NEEDED, metrics={"not_needed": reason})
+    metrics: dict[str, Any] = {"not_needed": reason}
+    if run.status is StageState.FAILED:
+        metrics = {**(run.metrics or {}), **metrics,
+                   "failure": {"kind": run.error_kind, "message": run.error_message}}
+        reason = f"{reason}; it had failed first ({run.error_message}), which no longer matters"
+        metrics["not_needed"] = reason
+    repo.set_stage_state(session, run, StageState.NOT_NEEDED, metrics=metrics, error_kind=None,
+                         error_message=None)
     return True
 
 

@@ -126,6 +126,33 @@ def test_an_exact_conversion_does_not_wait_for_a_calibrate_started_beside_it(mak
     assert validate.metrics["agreement"]["reason"].startswith("not measured: weights bit-exact")
 
 
+def test_an_early_calibrate_that_failed_is_not_needed_once_the_file_proves_exact(make_cluster, broker_url,
+                                                                                demo_checkpoint) -> None:
+    # Calibrate, sent beside decompose, fails retryably at once; decompose then proves the file exact.
+    # The failure no longer matters: the attempt is recorded as not needed, its failure kept.
+    cluster = make_cluster(broker_url, **HOLD_DECOMPOSE, BONSAI_TEST_CALIBRATE_FAULT="transient")
+    cluster.start_worker()
+    cluster.start_worker()
+    (job_id,) = cluster.submit(str(demo_checkpoint), options=())  # exact by default
+    assert cluster.wait_jobs_final([job_id], timeout_s=240) == {job_id: "succeeded"}
+    (calibrate,) = cluster.runs(stage="calibrate")
+    assert calibrate.status == "not-needed" and calibrate.started_at is not None, "it ran, then failed"
+    assert calibrate.error_message is None and calibrate.error_kind is None
+    failure = calibrate.metrics["failure"]
+    assert failure["kind"] == "retryable" and "a test's fault" in failure["message"]
+    assert "proved the conversion exact" in calibrate.metrics["not_needed"]
+    assert "a test's fault" in (calibrate.log_text or ""), "the attempt's log keeps the failure"
+
+    # A retry of the succeeded job says what each --from would rerun, and records nothing.
+    before = len(cluster.runs())
+    refused = cluster.bonsai("retry", str(job_id))
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "nothing to retry" in said, said
+    assert "--from decompose reruns decompose, package, validate" in said
+    assert len(cluster.runs()) == before
+    assert {run.status for run in cluster.runs(job_id=job_id)} <= {"succeeded", "not-needed"}
+
+
 def test_worker_lost_every_time_fails_with_reason(make_cluster, broker_url, demo_checkpoint) -> None:
     source = demo_checkpoint
     cluster = make_cluster(broker_url, BONSAI_MAX_ATTEMPTS="2", **HOLD_DECOMPOSE)

@@ -24,7 +24,12 @@ def test_normal_attempt_path_is_allowed() -> None:
 
 @pytest.mark.parametrize("final", [StageState.SUCCEEDED, StageState.FAILED, StageState.SKIPPED_CACHED])
 def test_final_stage_states_never_move(final: StageState) -> None:
+    # One exception: a failed attempt of a stage its readers turned out not to need (calibrate started
+    # beside decompose) is recorded as not needed, its failure kept in its metrics.
     for target in StageState:
+        if (final, target) == (StageState.FAILED, StageState.NOT_NEEDED):
+            require(final, target)
+            continue
         with pytest.raises(IllegalTransition, match=f"{final.value} -> {target.value}"):
             require(final, target)
 

@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from pipeline.core.errors import InputError, TransientError
 from pipeline.core.settings import Settings
-from pipeline.core.states import JobState, StageName
+from pipeline.core.states import JobState, StageName, StageState
 from pipeline.db import repo
 from pipeline.db.models import Artifact, StageRun
 from pipeline.db.session import session_scope
@@ -205,3 +205,38 @@ def test_a_job_validates_against_a_block_wise_torch_reference(tmp_path: Path, de
     assert "source_answer" not in checks, "a reference-only run has no answers to judge"
     # The file is exact (ternary weights), so what is left is llama.cpp's rounding against torch's float32.
     assert checks["agreement"] == "pass" and agreement["mean_kl"] < 1e-3, agreement
+
+
+def test_retry_of_a_succeeded_job_says_what_it_would_rerun_and_waits_only_for_a_stage_it_reruns(
+    tmp_path: Path,
+) -> None:
+    rt = _runtime(tmp_path)
+    job_id = _submit(rt, "anything")
+    with session_scope(rt.sessions) as session:
+        job = repo.get_job(session, job_id)
+        for stage in StageName:
+            if stage is StageName.SENSITIVITY:
+                continue
+            run = repo.new_attempt(session, job, stage)
+            repo.set_stage_state(session, run, StageState.RUNNING)
+            if stage is not StageName.CALIBRATE:  # started beside decompose, still running
+                repo.set_stage_state(session, run, StageState.SUCCEEDED)
+        repo.set_job_state(session, job, JobState.RUNNING)
+        repo.set_job_state(session, job, JobState.SUCCEEDED)
+    with session_scope(rt.sessions) as session:
+        with pytest.raises(InputError, match="still runs in the background"):
+            retry_job(session, job_id, StageName.CALIBRATE, force=False)
+    with session_scope(rt.sessions) as session:
+        assert len(retry_job(session, job_id, StageName.PACKAGE, force=False)) == 2  # package, validate
+    with session_scope(rt.sessions) as session:
+        job = repo.get_job(session, job_id)
+        for run in repo.latest_runs(session, job_id).values():
+            if run.status is StageState.PENDING:
+                repo.set_stage_state(session, run, StageState.RUNNING)
+            if run.status is StageState.RUNNING:
+                repo.set_stage_state(session, run, StageState.SUCCEEDED)
+        repo.set_job_state(session, job, JobState.SUCCEEDED)
+    with session_scope(rt.sessions) as session, pytest.raises(InputError) as refused:
+        retry_job(session, job_id, None, force=False)
+    assert "nothing to retry" in str(refused.value)
+    assert "--from package reruns package, validate" in str(refused.value)
