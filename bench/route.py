@@ -65,6 +65,8 @@ if str(_ROOT) not in sys.path:
 
 # 15 x (q, k, v, o, gate, up, down) + embeddings and output head of the demo SentencePiece vocab.
 SHAPE = {"n_layers": 15, "hidden": 1536, "intermediate": 4096, "n_heads": 12, "n_kv_heads": 4}
+# The demo's own tiny shape (a few MB): what the benches' smoke modes build instead.
+SMOKE_SHAPE = {"n_layers": 2, "hidden": 256, "intermediate": 512, "n_heads": 4, "n_kv_heads": 2}
 TRANSFORMERS_VERSION = "5.24.0"  # 4.x refuses the huggingface_hub 1.x+ this project installs
 _SDIST_ENV = "BONSAI_LLAMA_CPP_SDIST"
 _CACHE_ENV = "BONSAI_BENCH_CACHE"

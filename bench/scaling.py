@@ -45,12 +45,12 @@ SHAPE = {"n_layers": 8, "hidden": 1536, "intermediate": 4096, "n_heads": 12, "n_
 CONFIGS = ((1, 1), (2, 1), (1, 0), (2, 0))  # (workers, BONSAI_WORKER_THREADS; 0 = libraries' default)
 
 
-def prepare(folder: Path) -> Path:
-    """The checkpoint and its model card, as the scaling stages read them."""
+def prepare(folder: Path, shape: dict[str, int]) -> Path:
+    """The checkpoint of ``shape`` and its model card, as the scaling stages read them."""
     from bench.decompose import model_card
     from pipeline.demo.checkpoint import write_demo_checkpoint
 
-    ckpt = write_demo_checkpoint(folder / "ckpt", **SHAPE)
+    ckpt = write_demo_checkpoint(folder / "ckpt", **shape)
     (folder / "model_card.json").write_text(json.dumps(model_card(ckpt)))
     return folder
 
@@ -92,12 +92,18 @@ def bench_config(workers: int, threads: int, n_jobs: int, ckpt: Path, tmp: Path)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=12)
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, seconds: CI runs it to prove the bench runs (figures meaningless)")
     args = parser.parse_args()
+    if args.smoke:
+        args.jobs = 2
     load_before = os.getloadavg()
     results: dict[tuple[int, int], dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bonsai-scaling-") as tmp_name:
         tmp = Path(tmp_name)
-        ckpt = prepare(tmp / "checkpoint")
+        from bench.route import SMOKE_SHAPE
+
+        ckpt = prepare(tmp / "checkpoint", SMOKE_SHAPE if args.smoke else SHAPE)
         for workers, threads in CONFIGS:
             work = tmp / f"w{workers}t{threads}"
             work.mkdir()

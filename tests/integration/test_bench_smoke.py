@@ -3,7 +3,7 @@ and end with its ``key=value`` line. Timings are never checked here; the benches
 
 A bench without a smoke mode yet is listed in `NO_SMOKE_YET` with what it needs; a new script must
 join one list or the other, so none can rot unnoticed again (bench/orchestration.py crashed for a
-while after the sensitivity stage came in).
+while after the sensitivity stage came in, and bench/io.py after the stages' clients became one object).
 """
 
 from __future__ import annotations
@@ -20,16 +20,14 @@ pytestmark = [pytest.mark.services, pytest.mark.llama, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
-SMOKED = ("decompose", "fuzz", "load", "orchestration", "s3_throughput")
+SMOKED = ("decompose", "fuzz", "io", "load", "orchestration", "s3_throughput", "scaling")
 # Scripts that are not benches: modules the benches load (fuzz targets, celery's reference app).
 MODULES = ("__init__", "celery_reference", "fuzz_targets")
 NO_SMOKE_YET = {
     "calibration": "Gemma 3 270M collector runs; needs a smaller model to run in seconds",
     "fidelity": "scores llama.cpp's own Gemma files; needs a tiny model with llama.cpp's files",
-    "io": "the 757 MB route checkpoint; needs a size option",
     "route": "llama.cpp's converter from the sdist and transformers from the registry",
     "scale": "three model sizes beside llama.cpp's converter",
-    "scaling": "a 201M-parameter checkpoint on four worker configurations; needs a size option",
     "sensitivity": "Gemma 3 270M measured sensitivity (minutes)",
     "startup": "repeats each measurement (about 30 s); needs a repeat option",
 }
