@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from pipeline.artifacts.store import ArtifactStore
 from pipeline.core.errors import InputError
 from pipeline.core.states import StageName, StageState
-from pipeline.db import repo, retention
+from pipeline.db import actions, repo, retention
 from pipeline.provenance.audit import job_gguf
 from pipeline.provenance.export import chain_statements
 from pipeline.publish import Bundle, JobFacts, build_bundle
@@ -49,10 +49,11 @@ def job_facts(session: Session, store: ArtifactStore, job_id: int) -> tuple[JobF
 
 def publish_job(session: Session, store: ArtifactStore, job_id: int, dest: str, *,
                 split_max_bytes: int | None = None, is_forced: bool = False,
-                s3_client: Any = None) -> tuple[Bundle, str]:
+                s3_client: Any = None, actor: str | None = None) -> tuple[Bundle, str]:
     """Publish `job_id` to a folder or an s3:// prefix; returns the bundle and where it went.
 
-    The GGUF is recorded as published there (`bonsai gc --keep-published` keeps it) when the caller commits.
+    The GGUF is recorded as published there (`bonsai gc --keep-published` keeps it), and the publication
+    as ``actor``'s action with its destination, when the caller commits.
     """
     facts, sha256 = job_facts(session, store, job_id)
     gguf = repo.artifacts_by_digest(session, {sha256})[sha256]
@@ -61,6 +62,8 @@ def publish_job(session: Session, store: ArtifactStore, job_id: int, dest: str, 
                          f"`bonsai retry {job_id} --from package`, then publish")
     where = str(Path(dest).resolve()) if not dest.startswith("s3://") else dest
     retention.pin(session, gguf, retention.PUBLISHED, where)
+    actions.record(session, actor, "publish", f"job {job_id}", job_id=job_id,
+                   detail={"destination": where, "gguf_sha256": sha256, "forced": is_forced})
     if not dest.startswith("s3://"):
         bundle = build_bundle(facts, store.path(sha256), Path(dest), split_max_bytes=split_max_bytes,
                               is_forced=is_forced)

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from pipeline.artifacts.store import ArtifactStore, shareable_uri
+from pipeline.core.errors import InputError
 from pipeline.core.states import STAGE_ORDER, LinkDirection, StageName
-from pipeline.db.models import Job, StageRun
+from pipeline.db.models import Action, Job, StageRun
 from pipeline.orchestration import coordinator
 from pipeline.orchestration.plan import plan_for
 
-__all__ = ["job_summary", "job_detail", "run_view", "option_rows", "LONG_OPTION_CHARS"]
+__all__ = ["job_summary", "job_detail", "run_view", "option_rows", "action_rows", "history_since",
+           "LONG_OPTION_CHARS"]
 
 # An option value longer than this (or of more than one line) is shown as its size, digest and first
 # line: a calibration text or a manifest entry would otherwise fill the page and the terminal.
@@ -127,6 +129,25 @@ def option_rows(params: Mapping[str, Any] | None) -> list[dict[str, Any]]:
         rows.append({"key": key, "value": f"{len(data):,} bytes, sha256 {digest[:12]}, first line: {first!r}",
                      "long": True, "size_bytes": len(data), "sha256": digest, "first_line": first})
     return rows
+
+
+def action_rows(rows: Sequence[Action]) -> list[dict[str, Any]]:
+    """The action account's rows as shown (`bonsai history`, GET /api/history)."""
+    return [{"id": row.id, "at": _time(row.at), "actor": row.actor, "team": row.team, "action": row.action,
+             "target": row.target, "job_id": row.job_id, "outcome": row.outcome, "detail": row.detail}
+            for row in rows]
+
+
+def history_since(text: str | None) -> datetime | None:
+    """``since`` as given (ISO 8601; a time without a zone is UTC); InputError naming the form."""
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise InputError(f"since={text!r} is not a time; give ISO 8601, e.g. 2026-12-07 or "
+                         "2026-12-07T09:30:00+00:00") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def job_detail(job: Job, store: ArtifactStore | None = None) -> dict[str, Any]:

@@ -27,7 +27,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship,
 
 from pipeline.core.states import JobState, LinkDirection, StageName, StageState
 
-__all__ = ["Base", "Job", "StageRun", "Artifact", "RunArtifact", "Provenance", "Pin", "Worker", "utcnow"]
+__all__ = [
+    "Base", "Job", "StageRun", "Artifact", "RunArtifact", "Provenance", "Pin", "Worker", "Action", "utcnow",
+]
 
 
 def utcnow() -> datetime:
@@ -227,3 +229,24 @@ class Worker(Base):
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
     stopped_at: Mapped[datetime | None]
+
+
+class Action(Base):
+    """One state-changing action someone took, as `sacct` keeps them: written once, never rewritten.
+
+    ``action``: submit, cancel, retry, publish, pin, unpin, gc, refused. ``target``: what it acted on
+    ("job 3", an artifact's sha256, "store"). ``outcome``: "ok", or why it was refused or failed.
+    ``team``: the actor's team (until teams are configured, each actor is a team of its own).
+    """
+
+    __tablename__ = "actions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    actor: Mapped[str] = mapped_column(String(256), index=True)
+    team: Mapped[str] = mapped_column(String(256))
+    action: Mapped[str] = mapped_column(String(16), index=True)
+    target: Mapped[str] = mapped_column(String(256))
+    job_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    outcome: Mapped[str] = mapped_column(String(1024), default="ok")
+    detail: Mapped[dict[str, Any]] = mapped_column(default=dict)

@@ -13,6 +13,7 @@ from sqlalchemy import delete, select, text
 from sqlalchemy.orm import Session
 
 from pipeline.core.errors import InputError
+from pipeline.db import actions
 from pipeline.db.models import Artifact, Pin
 
 __all__ = ["hold_store_shared", "hold_store_exclusive", "PIN", "PUBLISHED", "pin", "unpin", "pins_of"]
@@ -60,13 +61,18 @@ def pin(session: Session, artifact: Artifact, reason: str, note: str) -> bool:
         return False
     session.add(Pin(artifact_sha256=artifact.sha256, reason=reason, note=note))
     session.flush()
+    if reason == PIN:  # a publication records its own action
+        actions.record(session, note, "pin", artifact.sha256)
     return True
 
 
-def unpin(session: Session, artifact: Artifact) -> int:
-    """Drop the hand-made pins of `artifact` (publications stay recorded); how many were dropped."""
+def unpin(session: Session, artifact: Artifact, actor: str | None = None) -> int:
+    """Drop the hand-made pins of `artifact` (publications stay recorded); how many were dropped.
+    ``actor``: who asked, for the account."""
     result = session.execute(delete(Pin).where(Pin.artifact_sha256 == artifact.sha256, Pin.reason == PIN))
-    return int(getattr(result, "rowcount", 0) or 0)
+    dropped = int(getattr(result, "rowcount", 0) or 0)
+    actions.record(session, actor, "unpin", artifact.sha256, detail={"dropped": dropped})
+    return dropped
 
 
 def pins_of(session: Session, sha256: str) -> list[Pin]:

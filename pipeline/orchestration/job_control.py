@@ -24,7 +24,7 @@ from pipeline.core.states import (
     downstream_of,
     upstream_of,
 )
-from pipeline.db import repo
+from pipeline.db import actions, repo
 from pipeline.db.models import StageRun
 from pipeline.orchestration import coordinator
 from pipeline.orchestration.plan import JobPlan, plan_for
@@ -202,10 +202,13 @@ def create_jobs(
     checked = [check_request(request) for request in requests]
     for request in checked:
         policy.check(request.source)
-    return [
-        repo.create_job(session, r.source, r.recipe or "", r.options, r.priority, submitted_by).id
-        for r in checked
-    ]
+    job_ids = []
+    for r in checked:
+        job_id = repo.create_job(session, r.source, r.recipe or "", r.options, r.priority, submitted_by).id
+        actions.record(session, submitted_by, "submit", f"job {job_id}", job_id=job_id,
+                       detail={"source": r.source, "recipe": r.recipe or "", "priority": r.priority})
+        job_ids.append(job_id)
+    return job_ids
 
 
 def retry_job(session: Session, job_id: int, from_stage: StageName | None, force: bool,
@@ -255,6 +258,8 @@ def retry_job(session: Session, job_id: int, from_stage: StageName | None, force
         run_ids.append(run.id)
     if job.status is not JobState.RUNNING:
         repo.set_job_state(session, job, JobState.RUNNING)
+    actions.record(session, requested_by, "retry", f"job {job_id}", job_id=job_id,
+                   detail={"from": first.value, "run_ids": run_ids, "force": force})
     return run_ids
 
 
@@ -279,6 +284,8 @@ def cancel_job(session: Session, job_id: int, cancelled_by: str = "user") -> lis
     if job.status is JobState.FAILED:
         repo.set_job_state(session, job, JobState.CANCELLED,
                            error_message=f"cancelled by {cancelled_by} after it failed: {job.error_message}")
+        actions.record(session, cancelled_by, "cancel", f"job {job_id}", job_id=job_id,
+                       detail={"after": "failed"})
         return []
     if job.status.is_final:
         raise InputError(f"job {job_id} is already {job.status}; nothing to cancel")
@@ -289,4 +296,6 @@ def cancel_job(session: Session, job_id: int, cancelled_by: str = "user") -> lis
                 revoke.append(run.task_id)
             repo.set_stage_state(session, run, StageState.CANCELLED)
     repo.set_job_state(session, job, JobState.CANCELLED, error_message=f"cancelled by {cancelled_by}")
+    actions.record(session, cancelled_by, "cancel", f"job {job_id}", job_id=job_id,
+                   detail={"revoked": len(revoke)})
     return revoke

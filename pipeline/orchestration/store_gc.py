@@ -26,7 +26,7 @@ from pipeline.artifacts.store import ArtifactStore
 from pipeline.core.errors import InputError
 from pipeline.core.option_fields import read_fields
 from pipeline.core.states import JobState, LinkDirection, StageName
-from pipeline.db import retention
+from pipeline.db import actions, retention
 from pipeline.db.models import Artifact, Job, Pin, RunArtifact, StageRun, utcnow
 from pipeline.db.session import session_scope
 from pipeline.provenance.signing import ENVELOPE_KIND
@@ -83,11 +83,13 @@ class GcReport:
                 "removed_sha256": [sha for sha, _size in self.removed], "kept": dict(self.kept)}
 
 
-def collect_garbage(session: Session, store: ArtifactStore, rules: GcRules) -> GcReport:
+def collect_garbage(session: Session, store: ArtifactStore, rules: GcRules, actor: str | None = None,
+                    job_id: int | None = None) -> GcReport:
     """Remove what `rules` allow (see the module docstring), in the caller's transaction.
 
     Holds the store lease exclusively (unless a dry run), so no job links bytes meanwhile: commit
-    soon after. Bytes the store no longer has are recorded as released all the same.
+    soon after. Bytes the store no longer has are recorded as released all the same. A run that may
+    remove bytes is one row of the action account (``actor``; ``job_id`` for one job's source copy).
     """
     if not rules.dry_run:
         retention.hold_store_exclusive(session)
@@ -113,6 +115,10 @@ def collect_garbage(session: Session, store: ArtifactStore, rules: GcRules) -> G
         report.removed.append((artifact.sha256, int(artifact.size_bytes)))
     if report.removed and not rules.dry_run:
         log.info("gc: removed %d artifacts (%d bytes)", len(report.removed), report.removed_bytes)
+    if not rules.dry_run:
+        actions.record(session, actor, "gc", f"job {job_id} source" if job_id is not None else "store",
+                       job_id=job_id, detail={"removed": len(report.removed),
+                                              "removed_bytes": report.removed_bytes})
     return report
 
 
@@ -156,7 +162,8 @@ def release_source(sessions: sessionmaker[Session], store: ArtifactStore, job_id
                 return None
             if JobOptions(**read_fields(JobOptions, job.params or {}, "job")).keep_source:
                 return None
-            report = collect_garbage(session, store, GcRules(only=source_digests(session, job_id)))
+            report = collect_garbage(session, store, GcRules(only=source_digests(session, job_id)),
+                                     "keep_source=false", job_id)
     except Exception:  # noqa: BLE001 - see the docstring
         log.warning("job %s: could not remove its source copy (keep_source=false); `bonsai gc` will",
                     job_id, exc_info=True)

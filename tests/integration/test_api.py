@@ -281,3 +281,19 @@ def test_gc_and_pins_are_for_admin_tokens_and_leave_the_records(api: Api) -> Non
     chain = api.get(f"/api/artifacts/{manifest}/chain?verify=true").json()
     assert chain["ok"] and chain["not_retained"] == 2, chain
     assert [p["reason"] for p in api.get(f"/api/artifacts/{manifest}").json()["pins"]] == ["pin"]
+    # Every one of those changes is one row of the account, with its actor and outcome.
+    unpinned = api.client.delete(f"/api/artifacts/{manifest}/pin",
+                                 headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert unpinned.status_code == 200 and unpinned.json()["was_pinned"]
+    account = api.get(f"/api/history?job={job_id}").json()
+    assert [(row["action"], row["actor"]) for row in account] == [("submit", "api:ci"), ("cancel", "api:ci")]
+    assert all(row["team"] == row["actor"] and row["outcome"] == "ok" for row in account)
+    store_rows = api.get("/api/history?actor=api:ops").json()
+    assert [row["action"] for row in store_rows] == ["pin", "gc", "unpin"], "a dry run changes nothing"
+    gc_row = store_rows[1]
+    assert gc_row["target"] == "store" and gc_row["detail"]["removed_bytes"] == done["removed_bytes"] > 0
+    assert api.get("/api/history?action=pin").json()[0]["target"] == manifest
+    assert api.get("/api/history?since=2999-01-01").json() == []
+    assert api.get("/api/history?action=delete").status_code == 400
+    assert "not a time" in api.get("/api/history?since=yesterday").json()["detail"]
+    assert api.get("/api/history").status_code == 200 and api.client.get("/api/history").status_code == 401

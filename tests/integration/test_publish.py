@@ -57,6 +57,10 @@ def test_failed_validation_needs_force_and_the_card_says_so(failed_job: Path, tm
     dest = tmp_path / "bundle"
     published = _bonsai(failed_job, "publish", "1", "--to", str(dest), "--split-max-size", "300K", "--force")
     assert published.returncode == 0, published.stderr
+    # The account has the publication, who made it and where it went; the refusal above left no row.
+    account = json.loads(_bonsai(failed_job, "history", "--action", "publish", "--json").stdout)
+    assert [row["detail"]["destination"] for row in account] == [str(dest.resolve())]
+    assert account[0]["actor"].startswith("cli:") and account[0]["detail"]["forced"] is True
     card = (dest / "README.md").read_text(encoding="utf-8")
     lines = card.splitlines()
     assert lines[0] == "---" and lines[1].startswith("warning: 'WARNING: validation FAIL")

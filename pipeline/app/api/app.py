@@ -19,7 +19,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from pipeline import __version__
-from pipeline.app.api import artifacts, jobs, publish, session, store
+from pipeline.app.api import artifacts, history, jobs, publish, session, store
 from pipeline.app.api.auth import ApiToken, TokenRedactingFilter, parse_tokens, require_scope
 from pipeline.app.api.metrics import make_registry, render_metrics
 from pipeline.core.errors import InputError, PipelineError
@@ -78,6 +78,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.include_router(publish.router)
     app.include_router(session.router)
     app.include_router(store.router)
+    app.include_router(history.router)
     _add_service_routes(app)
     _add_web(app)
     _add_error_handlers(app)

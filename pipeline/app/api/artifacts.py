@@ -143,7 +143,8 @@ def pin(request: Request, token: Admin, ref: str) -> dict[str, Any]:
 
 
 @router.delete("/{ref}/pin", summary="Let gc take the artifact's bytes again (admin)")
-def unpin(request: Request, _token: Admin, ref: str) -> dict[str, Any]:
+def unpin(request: Request, token: Admin, ref: str) -> dict[str, Any]:
     with session_scope(request.app.state.rt.sessions) as session:
         item = _artifact_or_404(session, ref)
-        return {"sha256": item.sha256, "pinned": False, "was_pinned": retention.unpin(session, item) > 0}
+        dropped = retention.unpin(session, item, token.actor)
+        return {"sha256": item.sha256, "pinned": False, "was_pinned": dropped > 0}

@@ -44,6 +44,6 @@ def publish(request: Request, token: Submitter, job_id: JobId, body: PublishRequ
     max_bytes = parse_size(body.split_max_size) if body.split_max_size else None
     with session_scope(rt.sessions) as session:
         bundle, where = publish_job(session, rt.store, job_id, to, split_max_bytes=max_bytes,
-                                    is_forced=body.force, s3_client=client)
+                                    is_forced=body.force, s3_client=client, actor=token.actor)
     return {"job_id": job_id, "to": where, "files": dict(bundle.files), "gguf_files": list(bundle.gguf_files),
             "is_split": bundle.is_split}

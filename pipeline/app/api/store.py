@@ -25,11 +25,11 @@ class GcRequest(BaseModel):
 
 
 @router.post("/gc", summary="Remove stored bytes no unfinished job reads and no pin holds (admin)")
-def gc(request: Request, _token: Admin, body: GcRequest) -> dict[str, Any]:
+def gc(request: Request, token: Admin, body: GcRequest) -> dict[str, Any]:
     from pipeline.orchestration.store_gc import GcRules, collect_garbage
 
     rules = GcRules.asked(body.older_than, body.keep_published, body.dry_run)
     rt = request.app.state.rt
     with session_scope(rt.sessions) as session:
-        report = collect_garbage(session, rt.store, rules)
+        report = collect_garbage(session, rt.store, rules, token.actor)
     return report.as_dict()

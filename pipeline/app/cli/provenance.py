@@ -136,6 +136,8 @@ def sign(obj: CliContext, job_id: int | None) -> None:
 @guard
 def publish(obj: CliContext, job_id: int, dest: str, split_max_size: str | None, force: bool) -> None:
     """A shareable bundle of JOB: GGUF (split if asked), model card, SHA256SUMS, provenance."""
+    import getpass
+
     from pipeline.app.publishing import publish_job
     from pipeline.db.session import session_scope
     from pipeline.publish import parse_size
@@ -149,5 +151,40 @@ def publish(obj: CliContext, job_id: int, dest: str, split_max_size: str | None,
         client = make_s3_client(obj.settings.s3_endpoint_url)
     with session_scope(rt.sessions) as session:
         bundle, where = publish_job(session, rt.store, job_id, dest, split_max_bytes=max_bytes,
-                                    is_forced=force, s3_client=client)
+                                    is_forced=force, s3_client=client, actor=f"cli:{getpass.getuser()}")
     click.echo(f"job {job_id} published to {where}: {', '.join(bundle.files)}, SHA256SUMS")
+
+
+@cli.command()
+@click.option("--job", "job_id", type=int, default=None, help="Only this job's actions.")
+@click.option("--actor", default=None, help="Only this actor's actions (cli:USER, api:TOKEN, ...).")
+@click.option("--action", default=None,
+              help="Only this kind: submit, cancel, retry, publish, pin, unpin, gc.")
+@click.option("--since", default=None,
+              help="Only actions at or after this time (ISO 8601; UTC without a zone).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@guard
+def history(obj: CliContext, job_id: int | None, actor: str | None, action: str | None, since: str | None,
+            as_json: bool) -> None:
+    """Who did what, when, to which job or artifact, and how it ended: submit, cancel, retry, publish,
+    pin, unpin, gc. Rows are written once and never rewritten."""
+    from pipeline.app.terminal import printable
+    from pipeline.app.views import action_rows, history_since
+    from pipeline.db import actions
+    from pipeline.db.session import session_scope
+
+    if action is not None and action not in actions.ACTIONS:
+        fail(f"--action {action!r} is not an action; expected one of {', '.join(actions.ACTIONS)}")
+    moment = history_since(since)
+    rt = obj.runtime()
+    with session_scope(rt.sessions) as session:
+        found = actions.history(session, job_id=job_id, actor=actor, action=action, since=moment)
+        rows = action_rows(found)
+    if as_json:
+        echo_json(rows)
+        return
+    for row in rows:
+        detail = " ".join(f"{key}={value}" for key, value in row["detail"].items())
+        line = f"{row['at']}  {row['actor']}  {row['action']}  {row['target']}  {row['outcome']}"
+        click.echo(printable(line + (f"  {detail}" if detail else "")))

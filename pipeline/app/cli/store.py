@@ -28,13 +28,15 @@ def gc(obj: CliContext, older_than: str | None, keep_published: bool, dry_run: b
     Rows, digests and provenance statements stay (`bonsai audit` then says "bytes not retained").
     A failed job keeps its bytes for `bonsai retry`: cancel it to let them go. Safe beside running jobs.
     """
+    import getpass
+
     from pipeline.db.session import session_scope
     from pipeline.orchestration.store_gc import GcRules, collect_garbage
 
     rules = GcRules.asked(older_than, keep_published, dry_run)
     rt = obj.runtime()
     with session_scope(rt.sessions) as session:
-        report = collect_garbage(session, rt.store, rules)
+        report = collect_garbage(session, rt.store, rules, f"cli:{getpass.getuser()}")
     if as_json:
         echo_json(report.as_dict())
         return
@@ -79,10 +81,12 @@ def pin(obj: CliContext, artifact: str) -> None:
 @guard
 def unpin(obj: CliContext, artifact: str) -> None:
     """Let `bonsai gc` take ARTIFACT's bytes again (when nothing else holds them)."""
+    import getpass
+
     from pipeline.db import retention
 
     def change(session: Any, item: Any) -> str:
-        dropped = retention.unpin(session, item)
+        dropped = retention.unpin(session, item, f"cli:{getpass.getuser()}")
         return f"unpinned {item.sha256}" if dropped else f"{item.sha256} was not pinned"
 
     _on_artifact(obj, artifact, change)
