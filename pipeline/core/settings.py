@@ -66,6 +66,8 @@ class Settings(BaseSettings):
     # Threads each worker process gives numba (the ternary kernel) and torch; 0 leaves their default
     # (every core), except that `bonsai worker --concurrency N` shares the cores among its N children.
     worker_threads: int = 0
+    # The name the in-toto statements give this worker as their builder; empty means the host's name.
+    worker_name: str = ""
     # Package holding the stage modules; only benchmarks change it (to no-op stages).
     stage_package: str = "pipeline.stages"
     # Hugging Face token, passed to the hub client only; never stored or logged.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from dataclasses import replace
 
 from sqlalchemy import Engine
@@ -100,6 +101,7 @@ def build_runtime(settings: Settings) -> Runtime:
             source_policy=SourcePolicy.from_roots(settings.source_root_list, allow_any_local=True),
         ),
         source_roots=settings.source_root_list,
+        worker_name=settings.worker_name or socket.gethostname(),
         heartbeat_s=settings.heartbeat_s,
         heartbeat_timeout_s=settings.heartbeat_timeout_s,
         max_attempts=settings.max_attempts,

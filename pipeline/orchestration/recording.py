@@ -85,6 +85,7 @@ def record_success(
         attempt=run.attempt,
         worker_host=rt.worker_host,
         device=device,
+        worker_name=rt.worker_name,
         started_at=run.started_at or finished_at,
         finished_at=finished_at,
         cache_key=run.cache_key,

@@ -41,6 +41,8 @@ class Runtime:
     work_root: Path
     # host:pid, so an operator (or a test) can tell which process ran an attempt.
     worker_host: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    # What the in-toto statements name as their builder: BONSAI_WORKER_NAME, else the host's name.
+    worker_name: str = field(default_factory=socket.gethostname)
     # The outside world (the hub, the allowed source folders) every stage's run() is given.
     clients: StageClients = field(default_factory=StageClients)
     # Seconds between heartbeats of a running stage; the reconciler's timeout is larger.

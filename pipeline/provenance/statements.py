@@ -44,6 +44,8 @@ class BuildFacts:
     attempt: int
     worker_host: str
     device: str
+    # The configured worker name (BONSAI_WORKER_NAME, else the host's): the builder's stable id.
+    worker_name: str
     started_at: datetime
     finished_at: datetime
     cache_key: str | None
@@ -102,7 +104,7 @@ def build_statement(
             },
             "runDetails": {
                 "builder": {
-                    "id": f"urn:bonsai-pipeline:worker:{facts.worker_host}",
+                    "id": f"urn:bonsai-pipeline:worker:{facts.worker_name}",
                     "version": tool_versions(),
                 },
                 "metadata": {
@@ -111,7 +113,8 @@ def build_statement(
                     "startedOn": facts.started_at.isoformat(),
                     "finishedOn": facts.finished_at.isoformat(),
                 },
-                "byproducts": [{"name": "device", "content": facts.device}],
+                "byproducts": [{"name": "device", "content": facts.device},
+                               {"name": "process", "content": facts.worker_host}],
             },
         },
     }

@@ -240,3 +240,22 @@ def test_retry_of_a_succeeded_job_says_what_it_would_rerun_and_waits_only_for_a_
         retry_job(session, job_id, None, force=False)
     assert "nothing to retry" in str(refused.value)
     assert "--from package reruns package, validate" in str(refused.value)
+
+
+def test_statements_name_the_configured_worker_as_their_builder(tmp_path: Path) -> None:
+    from pipeline.db.models import Provenance
+
+    source = tmp_path / "no-weights"  # download and checksum store outputs; inspect fails
+    source.mkdir()
+    (source / "config.json").write_text('{"model_type": "llama"}\n')
+    rt = build_runtime(Settings(home=tmp_path / "home", worker_name="gpu-pool-1", max_attempts=1))
+    assert build_runtime(Settings(home=tmp_path / "other")).worker_name  # the host's name by default
+    job_id = _submit(rt, str(source))
+    assert run_job(rt, job_id) is JobState.FAILED
+    with session_scope(rt.sessions) as session:
+        statements = [row.statement for row in session.scalars(select(Provenance))]
+    assert statements
+    for statement in statements:
+        details = statement["predicate"]["runDetails"]
+        assert details["builder"]["id"] == "urn:bonsai-pipeline:worker:gpu-pool-1"
+        assert {"name": "process", "content": rt.worker_host} in details["byproducts"]
