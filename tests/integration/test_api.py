@@ -96,6 +96,12 @@ def test_read_token_cannot_change_jobs_but_submit_token_can_read(api: Api) -> No
         assert response.json()["detail"] == "token 'dashboard' lacks the 'submit' scope"
     assert api.get("/api/jobs").json() == [], "nothing was recorded by the refused submission"
     assert api.get("/api/jobs", token=SUBMIT_TOKEN).status_code == 200
+    # ... but each refusal is one row of the action account: who tried what, and why it was refused.
+    refusals = api.get("/api/history?action=refused").json()
+    assert [(row["actor"], row["target"]) for row in refusals] == [
+        ("api:dashboard", "POST /api/jobs"), ("api:dashboard", "POST /api/jobs/1/retry"),
+        ("api:dashboard", "POST /api/jobs/1/cancel")]
+    assert all(row["outcome"] == "token 'dashboard' lacks the 'submit' scope" for row in refusals)
 
 
 def test_session_tells_the_page_what_the_token_may_do(api: Api, tmp_path: Path) -> None:

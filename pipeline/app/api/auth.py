@@ -140,10 +140,25 @@ def require_scope(scope: str) -> Callable[..., ApiToken]:
                 headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
             )
         if not token.allows(scope):
-            raise HTTPException(status.HTTP_403_FORBIDDEN, f"token {token.name!r} lacks the {scope!r} scope")
+            message = f"token {token.name!r} lacks the {scope!r} scope"
+            _record_refusal(request, token, message)
+            raise HTTPException(status.HTTP_403_FORBIDDEN, message)
         return token
 
     return check
+
+
+def _record_refusal(request: Request, token: ApiToken, message: str) -> None:
+    """A scope refusal is one row of the action account: who tried what."""
+    from pipeline.db import actions
+    from pipeline.db.session import session_scope
+
+    rt = getattr(request.app.state, "rt", None)
+    if rt is None:
+        return
+    with session_scope(rt.sessions) as session:
+        actions.record(session, token.actor, "refused", f"{request.method} {request.url.path}",
+                       outcome=message)
 
 
 def redact_token_query(text: str) -> str:
