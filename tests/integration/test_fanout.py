@@ -46,7 +46,7 @@ def test_fanned_out_decompose_matches_one_process(
     try:
         cluster.start_worker()
         cluster.start_worker()
-        (job_id,) = cluster.submit(str(source))
+        (job_id,) = cluster.submit(str(source), options=())  # the defaults, as the embedded job's
         assert cluster.wait_jobs_final([job_id], timeout_s=180) == {job_id: "succeeded"}
         decompose = cluster.runs(stage="decompose")
         parent = next(run for run in decompose if not run.shard)
