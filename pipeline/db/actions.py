@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from pipeline.core.errors import InputError
 from pipeline.db.models import Action
 
 __all__ = ["ACTIONS", "record", "history", "UNKNOWN_ACTOR"]
@@ -34,7 +35,10 @@ def record(session: Session, actor: str | None, action: str, target: str, *, job
 
 def history(session: Session, *, job_id: int | None = None, actor: str | None = None,
             action: str | None = None, since: datetime | None = None, limit: int = 1000) -> list[Action]:
-    """The account, oldest first, filtered by job, actor, action and time (at or after ``since``)."""
+    """The account, oldest first, filtered by job, actor, action and time (at or after ``since``).
+    InputError for an ``action`` that is none of `ACTIONS`."""
+    if action is not None and action not in ACTIONS:
+        raise InputError(f"action {action!r} is not an action; expected one of {', '.join(ACTIONS)}")
     query = select(Action).order_by(Action.id)
     if job_id is not None:
         query = query.where(Action.job_id == job_id)

@@ -25,7 +25,7 @@ from pipeline.core.settings import Settings
 __all__ = [
     "cli", "CliContext", "fail", "guard", "echo_json", "parse_options", "stage_names", "require_broker",
     "exit_now",
-    "command_prefix", "missing_home", "TARGET_CHOICES",
+    "command_prefix", "missing_home", "cli_actor", "TARGET_CHOICES",
 ]
 
 # The backends `--target` names (ternary.backends.TARGETS; spelled here so `bonsai jobs` imports nothing).
@@ -53,6 +53,13 @@ def fail(message: str, code: int = 2) -> None:
     """Print one clear error line and exit (never a traceback)."""
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
+
+
+def cli_actor() -> str:
+    """Who a CLI command records as having acted (a pin's holder, the action account): cli:USER."""
+    import getpass
+
+    return f"cli:{getpass.getuser()}"
 
 
 def echo_json(data: Any) -> None:

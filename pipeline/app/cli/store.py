@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from pipeline.app.cli.main import CliContext, cli, echo_json, guard
+from pipeline.app.cli.main import CliContext, cli, cli_actor, echo_json, guard
 
 
 def _size(n_bytes: int) -> str:
@@ -28,15 +28,13 @@ def gc(obj: CliContext, older_than: str | None, keep_published: bool, dry_run: b
     Rows, digests and provenance statements stay (`bonsai audit` then says "bytes not retained").
     A failed job keeps its bytes for `bonsai retry`: cancel it to let them go. Safe beside running jobs.
     """
-    import getpass
-
     from pipeline.db.session import session_scope
     from pipeline.orchestration.store_gc import GcRules, collect_garbage
 
     rules = GcRules.asked(older_than, keep_published, dry_run)
     rt = obj.runtime()
     with session_scope(rt.sessions) as session:
-        report = collect_garbage(session, rt.store, rules, f"cli:{getpass.getuser()}")
+        report = collect_garbage(session, rt.store, rules, cli_actor())
     if as_json:
         echo_json(report.as_dict())
         return
@@ -64,12 +62,10 @@ def _on_artifact(obj: CliContext, ref: str, change: Callable[[Any, Any], str]) -
 @guard
 def pin(obj: CliContext, artifact: str) -> None:
     """Keep ARTIFACT's bytes (a sha256 or a unique prefix) whatever `bonsai gc` is told."""
-    import getpass
-
     from pipeline.db import retention
 
     def change(session: Any, item: Any) -> str:
-        is_new = retention.pin(session, item, retention.PIN, f"cli:{getpass.getuser()}")
+        is_new = retention.pin(session, item, retention.PIN, cli_actor())
         return f"pinned {item.sha256}" + ("" if is_new else " (already pinned)")
 
     _on_artifact(obj, artifact, change)
@@ -81,12 +77,10 @@ def pin(obj: CliContext, artifact: str) -> None:
 @guard
 def unpin(obj: CliContext, artifact: str) -> None:
     """Let `bonsai gc` take ARTIFACT's bytes again (when nothing else holds them)."""
-    import getpass
-
     from pipeline.db import retention
 
     def change(session: Any, item: Any) -> str:
-        dropped = retention.unpin(session, item, f"cli:{getpass.getuser()}")
+        dropped = retention.unpin(session, item, cli_actor())
         return f"unpinned {item.sha256}" if dropped else f"{item.sha256} was not pinned"
 
     _on_artifact(obj, artifact, change)
