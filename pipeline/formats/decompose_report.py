@@ -301,8 +301,7 @@ class DecomposeReport:
     @classmethod
     def from_document(cls, document: Any, label: str = REPORT_NAME) -> DecomposeReport:
         """The report in a parsed JSON document; IntegrityError naming `label` when it is not one."""
-        if not isinstance(document, Mapping) or document.get("format") != REPORT_FORMAT:
-            raise IntegrityError(f"{label}: not a {REPORT_FORMAT} document; {_FIX}")
+        _check_format(document, label)
         header_keys = {f.name for f in fields(ReportHeader)}
         body_keys = {f.name for f in fields(cls)} - {"header", "extra"}
         shaped = {
@@ -326,13 +325,17 @@ class DecomposeReport:
         """Only the header's `ImatrixUse`, what package writes: shaping every tensor's line as `load`
         does costs a tenth of a second at 0.5B, more than the rest of package's bookkeeping."""
         document = load_json(path, label, max_bytes=_MAX_BYTES, error=IntegrityError, fix=_FIX)
-        if not isinstance(document, Mapping) or document.get("format") != REPORT_FORMAT:
-            raise IntegrityError(f"{label}: not a {REPORT_FORMAT} document; {_FIX}")
+        _check_format(document, label)
         value = document.get("imatrix")
         try:
             return None if value is None else as_dataclass(ImatrixUse, value)
         except ShapeError as exc:
             raise IntegrityError(f"{label}: not a valid decompose report ({exc}); {_FIX}") from None
+
+
+def _check_format(document: Any, label: str) -> None:
+    if not isinstance(document, Mapping) or document.get("format") != REPORT_FORMAT:
+        raise IntegrityError(f"{label}: not a {REPORT_FORMAT} document; {_FIX}")
 
 
 def _ratio(num: float, den: float) -> float | None:

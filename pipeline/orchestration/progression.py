@@ -147,10 +147,9 @@ def _settle_unneeded(session: Session, job: Job, plan: JobPlan, latest: dict[Sta
     run = run if run is not None else repo.new_attempt(session, job, StageName.CALIBRATE)
     metrics: dict[str, Any] = {"not_needed": reason}
     if run.status is StageState.FAILED:
-        metrics = {**(run.metrics or {}), **metrics,
-                   "failure": {"kind": run.error_kind, "message": run.error_message}}
-        reason = f"{reason}; it had failed first ({run.error_message}), which no longer matters"
-        metrics["not_needed"] = reason
+        failed_first = f"{reason}; it had failed first ({run.error_message}), which no longer matters"
+        metrics = {**(run.metrics or {}), "failure": {"kind": run.error_kind, "message": run.error_message},
+                   "not_needed": failed_first}
     repo.set_stage_state(session, run, StageState.NOT_NEEDED, metrics=metrics, error_kind=None,
                          error_message=None)
     return True
