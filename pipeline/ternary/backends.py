@@ -8,7 +8,7 @@ ggml-vulkan, ggml-cpu/arch/{x86,arm}/quants.c):
 - Q2_0: CUDA, Metal, Vulkan and ARM NEON; on x86 CPUs only the generic scalar code (slow).
 - Q1_0: CUDA, Metal, Vulkan, x86 AVX2 and ARM NEON.
 - BF16 (the token embedding's GET_ROWS and the head's MUL_MAT): CPU, CUDA and Vulkan; on Metal only
-  on GPUs with bfloat support (Apple7 / Metal 3 and newer: ``has_bfloat`` in ggml-metal-device.m),
+  on GPUs with bfloat support (Apple6 or Metal 3 families: ``has_bfloat`` in ggml-metal-device.m),
   elsewhere those operations fall back to the CPU. So a ``source`` type (`policy.SOURCE_16`) is BF16
   for a BF16 checkpoint on cpu, cuda and vulkan, and F16 for metal.
 - K-quants, Q8_0, F16, F32: everywhere.

@@ -301,5 +301,8 @@ def test_gc_and_pins_are_for_admin_tokens_and_leave_the_records(api: Api) -> Non
     assert api.get("/api/history?action=pin").json()[0]["target"] == manifest
     assert api.get("/api/history?since=2999-01-01").json() == []
     assert api.get("/api/history?action=delete").status_code == 400
+    assert api.get(f"/api/history?job={2**63}").status_code == 422, "an id past the column's range"
+    for edge in ("0001-01-01T00:00:00+05:00", "9999-12-31T23:59:59-05:00"):
+        assert api.get(f"/api/history?since={edge.replace('+', '%2B')}").status_code == 200, edge
     assert "not a time" in api.get("/api/history?since=yesterday").json()["detail"]
     assert api.get("/api/history").status_code == 200 and api.client.get("/api/history").status_code == 401

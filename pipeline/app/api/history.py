@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 
 from pipeline.app.api.auth import ApiToken, require_scope
+from pipeline.app.api.jobs import ID_MAX
 from pipeline.app.views import action_rows, history_since
 from pipeline.db.actions import ACTIONS, history
 from pipeline.db.session import session_scope
@@ -22,7 +23,7 @@ Reader = Annotated[ApiToken, Depends(require_scope("read"))]
 def list_history(
     request: Request,
     _token: Reader,
-    job: Annotated[int | None, Query(ge=1, description="Only this job's actions")] = None,
+    job: Annotated[int | None, Query(ge=1, le=ID_MAX, description="Only this job's actions")] = None,
     actor: Annotated[str | None, Query(max_length=256, description="Only this actor's actions")] = None,
     action: Annotated[str | None, Query(max_length=16, description=f"One of {', '.join(ACTIONS)}")] = None,
     since: Annotated[str | None, Query(max_length=40, description="ISO 8601: at or after")] = None,

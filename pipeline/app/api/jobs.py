@@ -40,7 +40,8 @@ router = APIRouter(prefix="/api/jobs", tags=["jobs"])
 Reader = Annotated[ApiToken, Depends(require_scope("read"))]
 Submitter = Annotated[ApiToken, Depends(require_scope("submit"))]
 # Ids are database integers: a larger number is a 422, not an overflow in the driver.
-JobId = Annotated[int, PathParam(ge=1, le=2**31 - 1, description="The job's id")]
+ID_MAX = 2**31 - 1
+JobId = Annotated[int, PathParam(ge=1, le=ID_MAX, description="The job's id")]
 _MAX_SOURCES = 1000  # jobs one request may submit
 
 
@@ -110,7 +111,7 @@ def list_jobs(
     recipe: str | None = None,
     source: Annotated[str | None, Query(description="Substring of the source")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
+    offset: Annotated[int, Query(ge=0, le=ID_MAX)] = 0,
 ) -> list[dict[str, Any]]:
     # One extra query for all the jobs' attempts, not one per job (the page polls this list).
     query = (
@@ -142,7 +143,7 @@ def detail(
     request: Request,
     _token: Reader,
     job_id: JobId,
-    against: Annotated[int | None, Query(ge=1, le=2**31 - 1, description=(
+    against: Annotated[int | None, Query(ge=1, le=ID_MAX, description=(
         "Another job: adds allocation_diff, the tensors whose auto-allocated types differ from its, "
         "and which way"))] = None,
 ) -> dict[str, Any]:
