@@ -36,9 +36,10 @@ _MARKS = {
 
 def convert_source(
     rt: Runtime, source: str, recipe: str | None, options: dict[str, Any], out: outputs.OutputPlan | None,
-    as_json: bool, command: str = "bonsai",
+    as_json: bool, command: str = "bonsai", *, actor: str = "cli:convert", team: str | None = None,
 ) -> int:
-    """Submit one job and run it in-process; returns the exit code (0 when it succeeded).
+    """Submit one job as ``actor`` of ``team`` and run it in-process; returns the exit code (0 when it
+    succeeded).
 
     `command` is how the user calls bonsai here (with ``--home`` when not the default), for the
     commands the summary suggests.
@@ -46,7 +47,7 @@ def convert_source(
     request = check_request(JobRequest(source, recipe, 0, options))
     with session_scope(rt.sessions) as session:
         policy = SourcePolicy.from_roots(rt.source_roots, allow_any_local=True)
-        (job_id,) = create_jobs(session, [request], "cli:convert", policy)
+        (job_id,) = create_jobs(session, [request], actor, policy, team=team, teams=rt.teams)
     console = Console(stderr=as_json, soft_wrap=True)
     console.print(f"job [bold]{job_id}[/bold]: converting {safe(source)} with recipe {request.recipe}")
     for warning in request.warnings:

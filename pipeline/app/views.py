@@ -5,13 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from pipeline.artifacts.store import ArtifactStore, shareable_uri
 from pipeline.core.errors import InputError
 from pipeline.core.states import STAGE_ORDER, LinkDirection, StageName
-from pipeline.db.models import Action, Job, StageRun
+from pipeline.db.models import Action, Job, StageRun, as_utc
 from pipeline.orchestration import coordinator
 from pipeline.orchestration.plan import plan_for
 
@@ -54,6 +54,7 @@ def job_summary(job: Job) -> dict[str, Any]:
         "status": job.status,
         "priority": job.priority,
         "submitted_by": job.submitted_by,
+        "team": job.team,
         "progress": round(coordinator.progress(states, plan.order), 3),
         "current_stage": current.current.value if current.current else None,
         "error_message": job.error_message,
@@ -147,7 +148,7 @@ def history_since(text: str | None) -> datetime | None:
     except ValueError:
         raise InputError(f"since={text!r} is not a time; give ISO 8601, e.g. 2026-12-07 or "
                          "2026-12-07T09:30:00+00:00") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    return as_utc(moment)
 
 
 def job_detail(job: Job, store: ArtifactStore | None = None) -> dict[str, Any]:
@@ -177,7 +178,7 @@ def worker_rows(session: Any, timeout_s: float) -> tuple[list[dict[str, Any]], l
     now = utcnow()
     rows, served = [], set()
     for worker in repo.all_workers(session):
-        age_s = (now - _aware(worker.heartbeat_at)).total_seconds()
+        age_s = (now - as_utc(worker.heartbeat_at)).total_seconds()
         state = "stopped" if worker.stopped_at else "live" if age_s <= timeout_s else "lost"
         if state == "live":
             served.update(worker.queues)
@@ -187,8 +188,3 @@ def worker_rows(session: Any, timeout_s: float) -> tuple[list[dict[str, Any]], l
                      "held_task_ids": list(worker.held_task_ids), "started_at": worker.started_at,
                      "heartbeat_at": worker.heartbeat_at, "heartbeat_age_s": round(age_s, 1)})
     return rows, [queue for queue in QUEUES if queue not in served]
-
-
-def _aware(moment: datetime) -> datetime:
-    # SQLite hands timestamps back without their zone; they were written in UTC.
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)

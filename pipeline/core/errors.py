@@ -41,6 +41,15 @@ class OutgrowsWorker(PipelineError):
         self.metrics = {"memory_need_bytes": int(need_bytes), "worker_cap_bytes": int(cap_bytes)}
 
 
+class OverCap(PipelineError):
+    """A team is at one of its caps (pending jobs, storage quota): nothing was recorded, and the same
+    request may succeed after ``retry_after_s`` (HTTP 429 with Retry-After)."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = int(retry_after_s)
+
+
 class IllegalTransition(PipelineError):
     """A status change that the transition table does not allow."""
 

@@ -68,6 +68,10 @@ class Settings(BaseSettings):
     worker_threads: int = 0
     # The name the in-toto statements give this worker as their builder; empty means the host's name.
     worker_name: str = ""
+    # TOML file of team policies (weights, caps, quotas; see `core.teams`); empty: the defaults for all.
+    teams_file: Path | None = None
+    # The team the CLI submits as; empty means the CLI user's own team (cli:USER).
+    team: str = ""
     # Package holding the stage modules; only benchmarks change it (to no-op stages).
     stage_package: str = "pipeline.stages"
     # Hugging Face token, passed to the hub client only; never stored or logged.

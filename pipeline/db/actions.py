@@ -12,21 +12,22 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from pipeline.core.errors import InputError
+from pipeline.core.teams import UNKNOWN, team_of
 from pipeline.db.models import Action
 
 __all__ = ["ACTIONS", "record", "history", "UNKNOWN_ACTOR"]
 
 ACTIONS = ("submit", "cancel", "retry", "publish", "pin", "unpin", "gc", "refused")
-UNKNOWN_ACTOR = "unknown"
+UNKNOWN_ACTOR = UNKNOWN
 
 
 def record(session: Session, actor: str | None, action: str, target: str, *, job_id: int | None = None,
-           outcome: str = "ok", detail: dict[str, Any] | None = None) -> Action:
-    """Add the row of one action. The team is the actor's own until teams are configured."""
+           outcome: str = "ok", detail: dict[str, Any] | None = None, team: str | None = None) -> Action:
+    """Add the row of one action; ``team`` defaults to the actor's own."""
     if action not in ACTIONS:
         raise ValueError(f"unknown action {action!r}; expected one of {', '.join(ACTIONS)}")
     who = (actor or UNKNOWN_ACTOR)[:256]
-    row = Action(actor=who, team=who, action=action, target=target[:256], job_id=job_id,
+    row = Action(actor=who, team=team_of(who, team), action=action, target=target[:256], job_id=job_id,
                  outcome=outcome[:1024], detail=detail or {})
     session.add(row)
     session.flush()

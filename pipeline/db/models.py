@@ -29,11 +29,17 @@ from pipeline.core.states import JobState, LinkDirection, StageName, StageState
 
 __all__ = [
     "Base", "Job", "StageRun", "Artifact", "RunArtifact", "Provenance", "Pin", "Worker", "Action", "utcnow",
+    "as_utc",
 ]
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def as_utc(moment: datetime) -> datetime:
+    """A stored time as an aware UTC one (SQLite hands back naive datetimes of what was stored as UTC)."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _vocabulary(kind: type[StrEnum], length: int) -> Enum:
@@ -65,6 +71,8 @@ class Job(Base):
     status: Mapped[JobState] = mapped_column(_vocabulary(JobState, 16), index=True)
     priority: Mapped[int] = mapped_column(Integer, default=0)
     submitted_by: Mapped[str | None] = mapped_column(String(256))
+    # The submitter's team (`core.teams`): fair share, caps and quotas count by it.
+    team: Mapped[str] = mapped_column(String(256), index=True, server_default="unknown")
     error_message: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
@@ -236,7 +244,7 @@ class Action(Base):
 
     ``action``: submit, cancel, retry, publish, pin, unpin, gc, refused. ``target``: what it acted on
     ("job 3", an artifact's sha256, "store"). ``outcome``: "ok", or why it was refused or failed.
-    ``team``: the actor's team (until teams are configured, each actor is a team of its own).
+    ``team``: the actor's team (an actor that names none is a team of its own).
     """
 
     __tablename__ = "actions"

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, aliased, selectinload
 
 from pipeline.core.errors import InputError
 from pipeline.core.states import JobState, LinkDirection, StageName, StageState, require
+from pipeline.core.teams import team_of
 from pipeline.db.models import Artifact, Job, Provenance, RunArtifact, StageRun, Worker, utcnow
 
 __all__ = [
@@ -45,7 +46,9 @@ def create_job(
     params: Mapping[str, Any] | None = None,
     priority: int = 0,
     submitted_by: str | None = None,
+    team: str | None = None,
 ) -> Job:
+    """A pending job; its team is ``team``, else the submitter's own."""
     job = Job(
         source=source,
         recipe=recipe,
@@ -53,6 +56,7 @@ def create_job(
         status=JobState.PENDING,
         priority=priority,
         submitted_by=submitted_by,
+        team=team_of(submitted_by, team),
     )
     session.add(job)
     session.flush()

@@ -11,6 +11,7 @@ from pipeline.artifacts.local import LocalStore
 from pipeline.artifacts.store import ArtifactStore
 from pipeline.core.errors import InputError
 from pipeline.core.settings import Settings
+from pipeline.core.teams import load_teams
 from pipeline.db import migrate
 from pipeline.db.session import make_engine, make_sessionmaker
 from pipeline.orchestration.distributed.dispatch import Dispatcher
@@ -109,6 +110,7 @@ def build_runtime(settings: Settings) -> Runtime:
         retry_base_s=settings.retry_base_s,
         stage_package=settings.stage_package,
         signing_key=load_private_key(settings.signing_key) if settings.signing_key else None,
+        teams=load_teams(settings.teams_file),
     )
     return with_launcher(rt, settings)
 

@@ -24,9 +24,10 @@ from pipeline.core.states import (
     downstream_of,
     upstream_of,
 )
+from pipeline.core.teams import NO_TEAMS, Teams, team_of
 from pipeline.db import actions, repo
 from pipeline.db.models import StageRun
-from pipeline.orchestration import coordinator
+from pipeline.orchestration import coordinator, team_caps
 from pipeline.orchestration.plan import JobPlan, plan_for
 from pipeline.provenance.statements import redact
 from pipeline.stages import load_stage
@@ -192,20 +193,26 @@ def check_request(request: JobRequest) -> JobRequest:
 
 
 def create_jobs(
-    session: Session, requests: Sequence[JobRequest], submitted_by: str | None, policy: SourcePolicy
+    session: Session, requests: Sequence[JobRequest], submitted_by: str | None, policy: SourcePolicy,
+    *, team: str | None = None, teams: Teams = NO_TEAMS, may_exceed_priority: bool = False,
 ) -> list[int]:
     """Record the jobs (checked first, so a bad one records none of them); returns their ids.
 
     `policy` says which local paths this submitter may name (the API: only under
-    BONSAI_SOURCE_ROOTS); InputError names the first request it refuses.
+    BONSAI_SOURCE_ROOTS); InputError names the first request it refuses. The jobs belong to ``team``
+    (default: the submitter's own); its caps in ``teams`` refuse the whole submission (`team_caps`).
     """
     checked = [check_request(request) for request in requests]
     for request in checked:
         policy.check(request.source)
+    team = team_of(submitted_by, team)
+    team_caps.check_submission(session, team, teams.policy(team), [r.priority for r in checked],
+                               may_exceed_priority)
     job_ids = []
     for r in checked:
-        job_id = repo.create_job(session, r.source, r.recipe or "", r.options, r.priority, submitted_by).id
-        actions.record(session, submitted_by, "submit", f"job {job_id}", job_id=job_id,
+        job_id = repo.create_job(session, r.source, r.recipe or "", r.options, r.priority, submitted_by,
+                                 team).id
+        actions.record(session, submitted_by, "submit", f"job {job_id}", job_id=job_id, team=team,
                        detail={"source": r.source, "recipe": r.recipe or "", "priority": r.priority})
         job_ids.append(job_id)
     return job_ids

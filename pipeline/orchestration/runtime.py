@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from sqlalchemy.orm import Session, sessionmaker
 
 from pipeline.artifacts.store import ArtifactStore
+from pipeline.core.teams import NO_TEAMS, Teams
 from pipeline.stages.base import StageClients
 
 __all__ = ["Runtime", "Launcher"]
@@ -67,3 +68,5 @@ class Runtime:
     # How recorded jobs get run: in this process (embedded) or by Celery workers. Chosen once,
     # in `bootstrap.build_runtime`; the CLI and the API only ask it to start jobs.
     launcher: Launcher | None = None
+    # Each team's share of the slots and its caps (BONSAI_TEAMS_FILE); the defaults cap nothing.
+    teams: Teams = NO_TEAMS

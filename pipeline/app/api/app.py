@@ -22,7 +22,7 @@ from pipeline import __version__
 from pipeline.app.api import artifacts, history, jobs, publish, session, store
 from pipeline.app.api.auth import ApiToken, TokenRedactingFilter, parse_tokens, require_scope
 from pipeline.app.api.metrics import make_registry, render_metrics
-from pipeline.core.errors import InputError, PipelineError
+from pipeline.core.errors import InputError, OverCap, PipelineError
 from pipeline.core.settings import Settings
 from pipeline.orchestration.runtime import Runtime
 
@@ -130,6 +130,11 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(InputError)
     async def input_error(_request: Request, exc: InputError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=400)
+
+    @app.exception_handler(OverCap)
+    async def over_cap(_request: Request, exc: OverCap) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=429,
+                            headers={"Retry-After": str(exc.retry_after_s)})
 
     @app.exception_handler(PipelineError)
     async def pipeline_error(_request: Request, exc: PipelineError) -> JSONResponse:

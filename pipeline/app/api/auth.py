@@ -1,7 +1,8 @@
 """Bearer tokens for the HTTP API: configured as sha256 hashes, checked per route scope.
 
-`BONSAI_API_TOKENS` is a comma-separated list of ``name:scopes:sha256hex`` entries,
-scopes joined by ``+`` (``read``, ``submit``, ``admin``). Only hashes are configured, so the
+`BONSAI_API_TOKENS` is a comma-separated list of ``name:scopes:sha256hex[:team]`` entries,
+scopes joined by ``+`` (``read``, ``submit``, ``admin``); a token that names no team is a team of
+its own (`core.teams`). Only hashes are configured, so the
 settings file or environment never holds a usable token. A ``submit`` token may also
 read: whoever can change jobs can see them. A ``submit`` token changes (retries, cancels,
 publishes) only the jobs it submitted; ``admin`` changes any job.
@@ -26,6 +27,7 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from pipeline.core.errors import InputError
+from pipeline.core.teams import team_of
 
 __all__ = [
     "ApiToken",
@@ -54,6 +56,8 @@ class ApiToken:
     name: str
     scopes: frozenset[str]
     sha256: str
+    # The team its jobs count against; None: a team of its own (its actor).
+    team: str | None = None
 
     def allows(self, scope: str) -> bool:
         return scope in self.scopes or any(scope in _IMPLIED.get(s, ()) for s in self.scopes)
@@ -67,16 +71,22 @@ class ApiToken:
         """Whether this token may retry, cancel or publish a job ``submitted_by`` someone."""
         return self.allows("admin") or (self.allows("submit") and submitted_by == self.actor)
 
+    @property
+    def team_name(self) -> str:
+        """The team this token acts for."""
+        return team_of(self.actor, self.team)
+
 
 def hash_token(token: str) -> str:
     """The hex sha256 of a token's text, as configured in BONSAI_API_TOKENS."""
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
-def new_token(name: str, scopes: tuple[str, ...]) -> tuple[str, str]:
+def new_token(name: str, scopes: tuple[str, ...], team: str | None = None) -> tuple[str, str]:
     """A fresh random token and its BONSAI_API_TOKENS entry (the entry holds only the hash)."""
     token = "bonsai_" + secrets.token_urlsafe(32)
-    return token, f"{name}:{'+'.join(sorted(set(scopes)))}:{hash_token(token)}"
+    entry = f"{name}:{'+'.join(sorted(set(scopes)))}:{hash_token(token)}"
+    return token, f"{entry}:{team}" if team else entry
 
 
 def parse_tokens(spec: str) -> list[ApiToken]:
@@ -86,12 +96,17 @@ def parse_tokens(spec: str) -> list[ApiToken]:
         if not entry:
             continue
         parts = entry.split(":")
-        if len(parts) != 3:
+        if len(parts) not in (3, 4):
             raise InputError(
-                f"BONSAI_API_TOKENS entry {index} must look like name:scopes:sha256hex "
-                f"(got {len(parts)} field(s)); make one with `bonsai api-token NAME`"
+                f"BONSAI_API_TOKENS entry {index} must look like name:scopes:sha256hex or "
+                f"name:scopes:sha256hex:team (got {len(parts)} field(s)); make one with "
+                "`bonsai api-token NAME`"
             )
-        name, scope_text, digest = (p.strip() for p in parts)
+        name, scope_text, digest = (p.strip() for p in parts[:3])
+        team = parts[3].strip() if len(parts) == 4 else ""
+        if len(parts) == 4 and not team:
+            raise InputError(f"BONSAI_API_TOKENS entry {index} ({name}): the fourth field names the token's "
+                             "team and may not be empty; drop it for a team of the token's own")
         scopes = frozenset(s for s in scope_text.split("+") if s)
         unknown = sorted(scopes - set(SCOPES))
         if not name or not scopes or unknown:
@@ -104,7 +119,7 @@ def parse_tokens(spec: str) -> list[ApiToken]:
                 f"BONSAI_API_TOKENS entry {index} ({name}): the third field must be the token's "
                 "sha256 in hex, never the token itself"
             )
-        tokens.append(ApiToken(name, scopes, digest.lower()))
+        tokens.append(ApiToken(name, scopes, digest.lower(), team or None))
     return tokens
 
 
@@ -158,7 +173,7 @@ def _record_refusal(request: Request, token: ApiToken, message: str) -> None:
         return
     with session_scope(rt.sessions) as session:
         actions.record(session, token.actor, "refused", f"{request.method} {request.url.path}",
-                       outcome=message)
+                       outcome=message, team=token.team_name)
 
 
 def redact_token_query(text: str) -> str:

@@ -134,7 +134,8 @@ def submit(request: Request, token: Submitter, body: JobSubmission) -> dict[str,
     requests = [check_request(JobRequest(s, body.recipe, body.priority, options)) for s in body.all_sources()]
     # Hub ids always; local paths only under BONSAI_SOURCE_ROOTS (none by default).
     policy = SourcePolicy.from_roots(request.app.state.settings.source_root_list, allow_any_local=False)
-    job_ids = submit_jobs(request.app.state.rt, requests, token.actor, policy)
+    job_ids = submit_jobs(request.app.state.rt, requests, token.actor, policy, team=token.team_name,
+                          may_exceed_priority=token.allows("admin"))
     return {"job_ids": job_ids, "warnings": sorted({w for r in requests for w in r.warnings})}
 
 

@@ -14,6 +14,7 @@ from pipeline.app.cli.main import (
     TARGET_CHOICES,
     CliContext,
     cli,
+    cli_actor,
     command_prefix,
     fail,
     guard,
@@ -62,7 +63,8 @@ def convert(obj: CliContext, source: str, recipe: str | None, target: str | None
 
     plan = outputs.plan(out, force, obj.settings.output_dir or Path.cwd())
     knobs = _with_calibration(parse_options(options, target), calibration)
-    code = convert_source(obj.runtime(), source, recipe, knobs, plan, as_json, command_prefix(obj))
+    code = convert_source(obj.runtime(), source, recipe, knobs, plan, as_json, command_prefix(obj),
+                          actor=cli_actor(), team=obj.settings.team or None)
     sys.exit(code)
 
 
@@ -134,7 +136,8 @@ def submit(obj: CliContext, sources: tuple[str, ...], manifest: Path | None, rec
         fail("nothing to submit: give SOURCE arguments or --manifest FILE")
     from pipeline.orchestration.launcher import submit_jobs
 
-    job_ids = submit_jobs(obj.runtime(), requests, "cli:submit", obj.source_policy())
+    job_ids = submit_jobs(obj.runtime(), requests, cli_actor(), obj.source_policy(),
+                          team=obj.settings.team or None)
     for job_id, request in zip(job_ids, requests, strict=True):
         for warning in request.warnings:
             click.echo(f"warning: job {job_id}: {warning}", err=True)

@@ -85,13 +85,16 @@ def db_upgrade(obj: CliContext) -> None:
               default=("read",),
               show_default=True, help="Repeatable; submit also allows reading and changing the token's own "
                                       "jobs, admin changing anyone's.")
-def api_token(name: str, scopes: tuple[str, ...]) -> None:
+@click.option("--team", default=None, help="The team the token's jobs count against (its share, caps and "
+                                           "quota in BONSAI_TEAMS_FILE); default: a team of its own.")
+def api_token(name: str, scopes: tuple[str, ...], team: str | None) -> None:
     """Make an API token: prints the token (shown once) and its BONSAI_API_TOKENS entry (a hash)."""
     from pipeline.app.api.auth import new_token
 
-    if not name.replace("-", "").replace("_", "").isalnum():
-        fail(f"token name {name!r}: use letters, digits, '-' and '_'")
-    token, entry = new_token(name, scopes)
+    for what, value in (("token name", name), ("team", team or "x")):
+        if not value.replace("-", "").replace("_", "").isalnum():
+            fail(f"{what} {value!r}: use letters, digits, '-' and '_'")
+    token, entry = new_token(name, scopes, team)
     click.echo(f"token: {token}")
     click.echo(f"entry: {entry}")
     click.echo("add the entry to BONSAI_API_TOKENS (comma-separated); the token itself is not stored",

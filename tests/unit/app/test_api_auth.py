@@ -34,6 +34,14 @@ def test_scopes_and_submit_implies_read() -> None:
     assert submitter.sha256 == "b" * 64  # hex is normalised to lowercase
 
 
+def test_an_entry_may_name_the_tokens_team() -> None:
+    token, entry = new_token("ci", ("submit",), team="ml-infra")
+    [parsed] = parse_tokens(entry)
+    assert entry.endswith(":ml-infra") and parsed.team == "ml-infra" and parsed.team_name == "ml-infra"
+    [alone] = parse_tokens(f"dash:read:{'a' * 64}")
+    assert alone.team is None and alone.team_name == "api:dash"  # a team of its own
+
+
 def test_empty_setting_means_no_tokens() -> None:
     assert parse_tokens("") == []
 
@@ -45,6 +53,8 @@ def test_empty_setting_means_no_tokens() -> None:
         (f"ok:read:{'a' * 64},bad:root:{'a' * 64}", r"entry 2 \(bad\): scopes 'root'"),
         ("dash:read:bonsai_plaintext-token", "never the token itself"),
         (f":read:{'a' * 64}", "entry 1 .no name."),
+        (f"ci:read:{'a' * 64}: ", r"entry 1 \(ci\): the fourth field names the token's team"),
+        (f"ci:read:{'a' * 64}:t:x", "got 5 field"),
     ],
 )
 def test_bad_entries_are_named(spec: str, message: str) -> None:
