@@ -127,6 +127,9 @@ class StageRun(Base):
     metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
     warnings: Mapped[list[str]] = mapped_column(default=list)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Distributed mode: when its inputs were done. A pending attempt with this set waits in the database
+    # for a slot of its queue (`orchestration.admission`); queued means sent.
+    ready_at: Mapped[datetime | None]
     queued_at: Mapped[datetime | None]
     started_at: Mapped[datetime | None]
     heartbeat_at: Mapped[datetime | None]

@@ -1,22 +1,47 @@
 """Admission by fair share, over the rows: what waits, what each team holds, and which work the chooser
-(`fair_share.choose`) lets start."""
+(`fair_share.choose`) lets start.
+
+Distributed mode keeps the broker short: each queue holds about as many messages as the live workers
+serving it have slots (at least one, so work moves before any worker has beaten). The rest of the
+ready attempts wait in the database as pending, with ``ready_at`` set, until a slot frees; then the
+chooser admits them and they are queued and sent. A retry's backoff and shard children are sent
+directly (they continue work already admitted).
+"""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session, aliased
 
+from pipeline.core.states import JobState, StageName, StageState
 from pipeline.core.teams import Teams
-from pipeline.db import team_usage
-from pipeline.db.models import Job
-from pipeline.orchestration.fair_share import Waiting, choose
+from pipeline.db import repo, team_usage
+from pipeline.db.models import Job, StageRun, Worker
+from pipeline.orchestration.fair_share import Admission, Waiting, choose
+from pipeline.orchestration.queues import QUEUE_OF, QUEUES
 
-__all__ = ["next_job", "EMBEDDED_QUEUE"]
+__all__ = ["next_job", "EMBEDDED_QUEUE", "Admitted", "admit_attempts", "queue_slots"]
 
 # Embedded mode's one slot: a whole job at a time.
 EMBEDDED_QUEUE = "embedded"
+# PostgreSQL advisory lock key of admission: two dispatchers never hand out the same free slot.
+_ADMISSION_KEY = -0x626F6E7361690002
+_IN_FLIGHT = (StageState.QUEUED.value, StageState.RUNNING.value)
+_UNFINISHED = (JobState.PENDING.value, JobState.RUNNING.value)
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """An attempt admitted and marked queued under ``task_id``: send it."""
+
+    stage: StageName
+    run_id: int
+    task_id: str
 
 
 def next_job(session: Session, job_ids: Sequence[int], teams: Teams) -> int:
@@ -26,7 +51,75 @@ def next_job(session: Session, job_ids: Sequence[int], teams: Teams) -> int:
                for job_id, team, priority, created in rows]
     if not waiting:
         return min(job_ids)  # rows gone (a test's database reset): the run itself reports it
-    usage = {team: use.usage_s for team, use in
-             team_usage.usage_by_team(session, teams.usage_half_life_s, {w.team for w in waiting}).items()}
-    admitted = choose(waiting, {EMBEDDED_QUEUE: 1}, {}, usage, teams).admitted
+    admitted = choose(waiting, {EMBEDDED_QUEUE: 1}, {}, _usage(session, waiting, teams), teams).admitted
     return admitted[0].key if admitted else min(job_ids)
+
+
+def queue_slots(session: Session, workers_since: datetime) -> dict[str, int]:
+    """Per queue: the slots of the live workers serving it, at least one."""
+    slots = dict.fromkeys(QUEUES, 0)
+    for worker in session.scalars(select(Worker).where(Worker.heartbeat_at >= workers_since,
+                                                       Worker.stopped_at.is_(None))):
+        for queue in worker.queues or []:
+            if queue in slots:
+                slots[queue] += max(1, worker.concurrency)
+    return {queue: max(1, count) for queue, count in slots.items()}
+
+
+def admit_attempts(session: Session, teams: Teams,
+                   workers_since: datetime) -> tuple[list[Admitted], Admission]:
+    """Admit waiting attempts into the free slots of their queues, marking each queued under a new task
+    id (the caller sends them after commit); with the chooser's answer (why the rest wait)."""
+    _hold_admission(session)
+    ready = session.execute(
+        select(StageRun.id, StageRun.stage, StageRun.ready_at, Job.team, Job.priority)
+        .join(Job, Job.id == StageRun.job_id)
+        .where(StageRun.status == StageState.PENDING.value, StageRun.ready_at.is_not(None),
+               StageRun.parent_run_id.is_(None), Job.status.in_(_UNFINISHED))).all()
+    if not ready:
+        return [], Admission()
+    waiting = [Waiting(run_id, team, priority, ready_at, QUEUE_OF[StageName(stage)])
+               for run_id, stage, ready_at, team, priority in ready if ready_at is not None]
+    busy_queues, busy_teams = _in_flight(session)
+    slots = queue_slots(session, workers_since)
+    free = {queue: slots[queue] - busy_queues.get(queue, 0) for queue in slots}
+    if not any(free[w.queue] > 0 for w in waiting):
+        return [], Admission()
+    admission = choose(waiting, free, busy_teams, _usage(session, waiting, teams), teams)
+    admitted = []
+    for item in admission.admitted:
+        run = session.get_one(StageRun, item.key)
+        task_id = str(uuid.uuid4())
+        repo.set_stage_state(session, run, StageState.QUEUED, task_id=task_id)
+        admitted.append(Admitted(run.stage, run.id, task_id))
+    return admitted, admission
+
+
+def _in_flight(session: Session) -> tuple[dict[str, int], dict[str, int]]:
+    """Attempts queued or running, per queue and per team. A parent whose shards do its work holds no slot."""
+    child = aliased(StageRun)
+    has_shards = select(child.id).where(child.parent_run_id == StageRun.id).exists()
+    rows = session.execute(
+        select(StageRun.stage, Job.team, func.count(StageRun.id)).join(Job, Job.id == StageRun.job_id)
+        .where(StageRun.status.in_(_IN_FLIGHT), ~has_shards).group_by(StageRun.stage, Job.team))
+    queues: dict[str, int] = {}
+    teams: dict[str, int] = {}
+    for stage, team, count in rows:
+        queue = QUEUE_OF[StageName(stage)]
+        queues[queue] = queues.get(queue, 0) + count
+        teams[team] = teams.get(team, 0) + count
+    return queues, teams
+
+
+def _usage(session: Session, waiting: Sequence[Waiting], teams: Teams) -> dict[str, float]:
+    """Decayed usage of the waiting teams; nothing to read when only one team waits (no choice)."""
+    names = {w.team for w in waiting}
+    if len(names) < 2:
+        return {}
+    return {team: use.usage_s for team, use in
+            team_usage.usage_by_team(session, teams.usage_half_life_s, names).items() if team in names}
+
+
+def _hold_admission(session: Session) -> None:
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _ADMISSION_KEY})

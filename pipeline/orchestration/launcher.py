@@ -131,6 +131,7 @@ class CeleryLauncher:
 
     def revoke(self, task_ids: Sequence[str]) -> None:
         self.dispatcher.revoke(list(task_ids))
+        self.dispatcher.admit()  # the cancelled job's slots go to work waiting for one
 
     def shutdown(self) -> None:
         """Nothing runs here: workers keep going."""

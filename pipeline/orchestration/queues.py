@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pipeline.core.states import StageName
 
-__all__ = ["QUEUES", "QUEUE_OF", "TIME_LIMITS_S", "VISIBILITY_TIMEOUT_S", "task_name", "broker_priority"]
+__all__ = ["QUEUES", "QUEUE_OF", "TIME_LIMITS_S", "VISIBILITY_TIMEOUT_S", "task_name"]
 
 QUEUES = ("io", "cpu", "gpu")
 
@@ -43,7 +43,3 @@ def task_name(stage: StageName) -> str:
     """Celery task name of a stage: ``stage.<name>``."""
     return f"stage.{stage.value}"
 
-
-def broker_priority(job_priority: int) -> int:
-    """Job priority (higher runs sooner, default 0) to the broker's 0 (first) .. 9 (last)."""
-    return max(0, min(9, 5 - job_priority))

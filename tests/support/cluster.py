@@ -49,9 +49,10 @@ class Cluster:
                    BONSAI_BROKER_URL=self.broker_url)
         return env
 
-    def bonsai(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "pipeline", *args], env=self.env, cwd=ROOT,
-                              capture_output=True, text=True, timeout=timeout_s)
+    def bonsai(self, *args: str, timeout_s: float = 120, env: dict[str, str] | None = None
+               ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "pipeline", *args], env={**self.env, **(env or {})},
+                              cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
 
     def _spawn(self, args: Sequence[str], log_name: str, env: dict[str, str] | None = None
                ) -> subprocess.Popen[bytes]:
@@ -72,10 +73,11 @@ class Cluster:
         self.others.append(proc)
         return proc
 
-    def submit(self, *sources: str, options: Sequence[str] = LOSSY_ARGS) -> list[int]:
-        """Submit ``sources`` with ``options`` (CLI arguments); by default the demo's lossy route, which
-        runs every stage (calibrate included), as most orchestration tests want."""
-        result = self.bonsai("submit", *sources, *options)
+    def submit(self, *sources: str, options: Sequence[str] = LOSSY_ARGS,
+               team: str | None = None) -> list[int]:
+        """Submit ``sources`` with ``options`` (CLI arguments) as ``team``; by default the demo's lossy
+        route, which runs every stage (calibrate included), as most orchestration tests want."""
+        result = self.bonsai("submit", *sources, *options, env={"BONSAI_TEAM": team} if team else None)
         assert result.returncode == 0, result.stdout + result.stderr
         return [int(line) for line in result.stdout.split()]
 

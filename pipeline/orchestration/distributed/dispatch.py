@@ -1,5 +1,7 @@
 """The only place that enqueues work: record the next attempt as queued, then send it.
 
+Ready attempts wait in the database until admission (`admission.admit_attempts`) gives them a slot.
+
 The row is committed (with its task id) before the message is sent. If sending
 fails, the attempt stays queued and the reconciler sends it again later; if the
 message is delivered twice, the atomic claim makes the second delivery a no-op.
@@ -9,19 +11,21 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from pipeline.core.settings import Settings
 from pipeline.core.states import StageName, StageState
+from pipeline.core.teams import load_teams
 from pipeline.db import repo
-from pipeline.db.models import Job, StageRun, utcnow
+from pipeline.db.models import StageRun, utcnow
 from pipeline.db.session import session_scope
+from pipeline.orchestration.admission import admit_attempts
 from pipeline.orchestration.execution import join_shards
 from pipeline.orchestration.progression import Advance, advance_job
-from pipeline.orchestration.queues import QUEUE_OF, broker_priority, task_name
+from pipeline.orchestration.queues import QUEUE_OF, task_name
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -40,6 +44,7 @@ class Dispatcher:
         self, sessions: sessionmaker[Session], settings: Settings, app: Celery | None = None
     ) -> None:
         self.sessions, self.settings = sessions, settings
+        self.teams = load_teams(settings.teams_file)
         self._app = app
 
     @classmethod
@@ -58,16 +63,18 @@ class Dispatcher:
             self._app = app_for(self.settings)
         return self._app
 
-    def send(self, stage: StageName, run_id: int, task_id: str, job_priority: int = 0,
-             countdown_s: float = 0.0) -> bool:
-        """Publish "run stage run `run_id`"; False when the broker could not take it."""
+    def send(self, stage: StageName, run_id: int, task_id: str, countdown_s: float = 0.0) -> bool:
+        """Publish "run stage run `run_id`"; False when the broker could not take it.
+
+        Every message goes at one broker priority: admission already chose what runs first, and a
+        broker priority reaches across queues (Redis serves a higher one from any queue first), so a
+        high-priority flood would again starve another team's admitted work."""
         try:
             self.app.send_task(
                 task_name(stage),
                 args=[run_id],
                 task_id=task_id,
                 queue=QUEUE_OF[stage],
-                priority=broker_priority(job_priority),
                 countdown=countdown_s or None,
                 retry=True,
                 retry_policy={"max_retries": 3, "interval_start": 0.5, "interval_step": 1.0},
@@ -79,18 +86,34 @@ class Dispatcher:
             return False
 
     def advance(self, job_id: int) -> Advance:
-        """Record the job's next steps and send every attempt that is ready, each to its queue."""
+        """Record the job's next steps: every attempt that is ready waits for admission (a retry after
+        its backoff is sent at once, continuing admitted work); then admit what the free slots take."""
         with session_scope(self.sessions) as session:
-            since = utcnow() - timedelta(seconds=self.settings.heartbeat_timeout_s)
             outcome = advance_job(session, job_id, max_attempts=self.settings.max_attempts,
-                                  retry_base_s=self.settings.retry_base_s, spare_workers=True, queue=True,
-                                  workers_since=since)
-            priority = session.get_one(Job, job_id).priority
+                                  retry_base_s=self.settings.retry_base_s, spare_workers=True,
+                                  workers_since=self._workers_since())
+            now = utcnow()
+            for step in outcome.ready:
+                run = session.get_one(StageRun, step.run_id)
+                if not step.delay_s and run.ready_at is None:
+                    run.ready_at = now
         for step in outcome.ready:
-            assert step.task_id is not None
-            self.send(step.stage, step.run_id, step.task_id, priority, step.delay_s)
-            log.info("job %s: sent %s (run %s)", job_id, step.stage.value, step.run_id)
+            if step.delay_s:
+                self.resend(step.run_id, countdown_s=step.delay_s)
+        self.admit()
         return outcome
+
+    def admit(self) -> list[int]:
+        """Send the waiting attempts that the fair-share chooser admits into free slots; their run ids."""
+        with session_scope(self.sessions) as session:
+            admitted, _why = admit_attempts(session, self.teams, self._workers_since())
+        for item in admitted:
+            self.send(item.stage, item.run_id, item.task_id)
+            log.info("run %s: admitted and sent %s", item.run_id, item.stage.value)
+        return [item.run_id for item in admitted]
+
+    def _workers_since(self) -> datetime:
+        return utcnow() - timedelta(seconds=self.settings.heartbeat_timeout_s)
 
     def resend(self, run_id: int, countdown_s: float = 0.0) -> bool:
         """Send a queued attempt again under a new task id (its old message is gone or spent)."""
@@ -100,8 +123,8 @@ class Dispatcher:
             if run.status not in (StageState.PENDING, StageState.QUEUED):
                 return False
             repo.set_stage_state(session, run, StageState.QUEUED, task_id=task_id)
-            stage, priority = run.stage, run.job.priority
-        return self.send(stage, run_id, task_id, priority, countdown_s)
+            stage = run.stage
+        return self.send(stage, run_id, task_id, countdown_s)
 
     def send_runs(self, run_ids: list[int]) -> None:
         """Send freshly recorded attempts (shard children) to their queues."""
@@ -115,6 +138,8 @@ class Dispatcher:
             self.resend(run_id, countdown_s=self.settings.retry_base_s)
         if outcome.parent_state is not None and outcome.parent_state.is_final:
             self.advance(job_id)
+        else:
+            self.admit()  # the shard's slot is free
 
     def revoke(self, task_ids: list[str]) -> None:
         """Stop running tasks (a cancelled job's)."""

@@ -9,7 +9,8 @@ Run by `bonsai reconcile` (once, or every N seconds). Each pass:
    broker (a restarted Redis, a send that failed), or delivered to a consumer that no live
    worker is (a worker killed after taking it: see `broker_view.is_orphaned`);
 3. jobs that are pending or running with nothing queued (a crash between recording a
-   result and sending the next stage) are advanced.
+   result and sending the next stage) are advanced;
+4. waiting attempts are admitted into the slots that are free.
 Every step is idempotent, so passes may overlap with workers and with each other.
 """
 
@@ -45,10 +46,12 @@ class ReconcileReport:
     resent_runs: list[int] = field(default_factory=list)
     advanced_jobs: list[int] = field(default_factory=list)
     joined_runs: list[int] = field(default_factory=list)
+    admitted_runs: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, list[int]]:
         return {"lost_runs": self.lost_runs, "resent_runs": self.resent_runs,
-                "advanced_jobs": self.advanced_jobs, "joined_runs": self.joined_runs}
+                "advanced_jobs": self.advanced_jobs, "joined_runs": self.joined_runs,
+                "admitted_runs": self.admitted_runs}
 
 
 def broker_view(dispatcher: Dispatcher) -> BrokerView | None:
@@ -131,7 +134,7 @@ def _resend_orphans(rt: Runtime, settings: Settings, report: ReconcileReport) ->
                 )
             )
         ).all()
-        candidates = [(run.id, run.task_id, run.stage, run.job.priority) for run in queued]
+        candidates = [(run.id, run.task_id) for run in queued]
     if not candidates:
         return
     view = broker_view(dispatcher)
@@ -139,7 +142,7 @@ def _resend_orphans(rt: Runtime, settings: Settings, report: ReconcileReport) ->
     with session_scope(rt.sessions) as session:
         held = {task for worker in repo.live_workers(session, since) for task in worker.held_task_ids}
     now_s = time.time()
-    for run_id, task_id, _stage, _priority in candidates:
+    for run_id, task_id in candidates:
         # A message delivered to a worker that is gone stays "unacked" for hours: send it again.
         if not is_orphaned(task_id, view, held, now_s, settings.heartbeat_timeout_s):
             continue
@@ -150,7 +153,10 @@ def _resend_orphans(rt: Runtime, settings: Settings, report: ReconcileReport) ->
 def _advance_idle_jobs(rt: Runtime, report: ReconcileReport) -> None:
     active = (StageState.QUEUED, StageState.RUNNING)
     with session_scope(rt.sessions) as session:
-        busy = select(StageRun.job_id).where(StageRun.status.in_(active))
+        # A job whose ready attempt waits for admission is not idle: the admission below serves it.
+        busy = select(StageRun.job_id).where(or_(
+            StageRun.status.in_(active),
+            and_(StageRun.status == StageState.PENDING, StageRun.ready_at.is_not(None))))
         idle = session.scalars(
             select(Job.id).where(
                 Job.status.in_((JobState.PENDING, JobState.RUNNING)), Job.id.not_in(busy)
@@ -168,4 +174,5 @@ def reconcile(rt: Runtime, settings: Settings) -> ReconcileReport:
     _join_finished_parents(rt, settings, report)
     _resend_orphans(rt, settings, report)
     _advance_idle_jobs(rt, report)
+    report.admitted_runs.extend(Dispatcher.of(rt).admit())
     return report
