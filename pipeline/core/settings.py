@@ -79,6 +79,8 @@ class Settings(BaseSettings):
     # HTTP API bearer tokens, comma-separated "name:scopes:sha256hex" (scopes read, submit, joined by "+");
     # only the tokens' sha256 hashes are configured. `bonsai api-token NAME` makes an entry.
     api_tokens: str = Field(default="", repr=False)
+    # Requests each API token may make per window, e.g. "120/minute" (`limits` notation); empty: no limit.
+    api_rate_limit: str = ""
     # Folders local sources must resolve into (os.pathsep- or comma-separated). Empty: the API
     # accepts hub ids only, and the CLI any path its user can read.
     source_roots: str = ""

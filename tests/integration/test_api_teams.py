@@ -81,3 +81,31 @@ def test_over_the_storage_quota_is_429_naming_gc(service: Service) -> None:
     refused = service.submit("full")
     assert refused.status_code == 429 and refused.headers["Retry-After"]
     assert "storage quota" in refused.json()["detail"] and "bonsai gc" in refused.json()["detail"]
+
+
+@pytest.mark.parametrize("counted_in", ["memory", "redis"])
+def test_a_token_over_the_rate_limit_gets_429_with_retry_after(pg_url: str, broker_url: str, tmp_path: Path,
+                                                               counted_in: str) -> None:
+    name = f"poller-{uuid.uuid4().hex[:8]}"
+    token, entry = new_token(name, ("read",))
+    other, other_entry = new_token(f"{name}-b", ("read",))
+    settings = Settings(home=tmp_path / "home", database_url=pg_url, api_tokens=f"{entry},{other_entry}",
+                        api_rate_limit="3/minute", broker_url=broker_url if counted_in == "redis" else "")
+    migrate_database(settings)
+    with TestClient(create_app(settings, build_runtime(settings))) as client:
+        def get(presented: str) -> Any:
+            return client.get("/api/jobs", headers={"Authorization": f"Bearer {presented}"})
+
+        assert [get(token).status_code for _ in range(3)] == [200, 200, 200]
+        over = get(token)
+        assert over.status_code == 429, over.text
+        assert 0 < int(over.headers["Retry-After"]) <= 60
+        assert "rate limit of 3/minute" in over.json()["detail"]
+        assert get(other).status_code == 200  # counted per token
+
+
+def test_a_bad_rate_limit_is_named_at_start(tmp_path: Path) -> None:
+    from pipeline.core.errors import InputError
+
+    with pytest.raises(InputError, match="BONSAI_API_RATE_LIMIT 'fast' is not a rate"):
+        create_app(Settings(home=tmp_path / "home", api_rate_limit="fast"))

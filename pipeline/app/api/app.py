@@ -22,6 +22,7 @@ from pipeline import __version__
 from pipeline.app.api import artifacts, history, jobs, publish, session, store
 from pipeline.app.api.auth import ApiToken, TokenRedactingFilter, parse_tokens, require_scope
 from pipeline.app.api.metrics import make_registry, render_metrics
+from pipeline.app.api.rate_limit import rate_limit_for
 from pipeline.core.errors import InputError, OverCap, PipelineError
 from pipeline.core.settings import Settings
 from pipeline.orchestration.runtime import Runtime
@@ -71,6 +72,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     )
     app.state.settings, app.state.rt, app.state.launcher = settings, runtime, launcher
     app.state.tokens = parse_tokens(settings.api_tokens)
+    app.state.rate_limit = rate_limit_for(settings)
     app.state.public_key = configured_public_key(settings.signing_public_key, settings.signing_key)
     app.state.registry = make_registry(runtime.sessions)
     app.include_router(jobs.router)

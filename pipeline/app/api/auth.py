@@ -154,6 +154,7 @@ def require_scope(scope: str) -> Callable[..., ApiToken]:
                 "unknown token",
                 headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
             )
+        _check_rate(request, token)
         if not token.allows(scope):
             message = f"token {token.name!r} lacks the {scope!r} scope"
             _record_refusal(request, token, message)
@@ -161,6 +162,18 @@ def require_scope(scope: str) -> Callable[..., ApiToken]:
         return token
 
     return check
+
+
+def _check_rate(request: Request, token: ApiToken) -> None:
+    """429 with Retry-After once ``token`` is over BONSAI_API_RATE_LIMIT."""
+    limit = getattr(request.app.state, "rate_limit", None)
+    if limit is None:
+        return
+    wait_s = limit.retry_after_s(token.name)
+    if wait_s is not None:
+        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
+                            f"token {token.name!r} is over the API's rate limit of {limit.spec} per token; "
+                            f"retry after {wait_s} s", headers={"Retry-After": str(wait_s)})
 
 
 def _record_refusal(request: Request, token: ApiToken, message: str) -> None:
