@@ -51,6 +51,8 @@ def print_job(rt: Runtime, job_id: int, as_json: bool, against: int | None = Non
     with session_scope(rt.sessions) as session:
         job = repo.get_job(session, job_id)
         detail = views.job_detail(job, rt.store)
+        if rt.launcher is not None and not rt.launcher.is_embedded:
+            detail["waiting"] = views.job_waiting(session, job, rt.teams, rt.heartbeat_timeout_s)
         if against is not None:
             detail["allocation_diff"] = allocation_diff(job, repo.get_job(session, against))
     if as_json:
@@ -61,6 +63,8 @@ def print_job(rt: Runtime, job_id: int, as_json: bool, against: int | None = Non
                   f"recipe {safe(detail['recipe'])}", highlight=False)
     if detail["error_message"]:
         console.print(f"[red]{safe(detail['error_message'])}[/red]", highlight=False)
+    for stage, why in (detail.get("waiting") or {}).items():
+        console.print(f"{stage} waits for a slot: {safe(why)}", highlight=False)
     for warning in detail.get("warnings") or ():
         console.print(f"[yellow]warning[/yellow] {safe(warning)}", highlight=False)
     if detail["options"]:

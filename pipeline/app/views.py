@@ -5,14 +5,16 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from pipeline.artifacts.store import ArtifactStore, shareable_uri
 from pipeline.core.errors import InputError
-from pipeline.core.states import STAGE_ORDER, LinkDirection, StageName
-from pipeline.db.models import Action, Job, StageRun, as_utc
-from pipeline.orchestration import coordinator
+from pipeline.core.states import STAGE_ORDER, LinkDirection, StageName, StageState
+from pipeline.core.teams import Teams
+from pipeline.db import team_usage
+from pipeline.db.models import Action, Job, StageRun, as_utc, utcnow
+from pipeline.orchestration import admission, coordinator
 from pipeline.orchestration.plan import plan_for
 
 __all__ = ["job_summary", "job_detail", "run_view", "option_rows", "action_rows", "history_since",
@@ -62,6 +64,42 @@ def job_summary(job: Job) -> dict[str, Any]:
         "started_at": _time(job.started_at),
         "finished_at": _time(job.finished_at),
     }
+
+
+def waiting_by_run(session: Any, teams: Teams, heartbeat_timeout_s: float) -> dict[int, str]:
+    """Why each attempt waiting for admission waits, by run id (distributed mode)."""
+    since = utcnow() - timedelta(seconds=heartbeat_timeout_s)
+    return admission.waiting_reasons(session, teams, since)
+
+
+def job_waiting(session: Any, job: Job, teams: Teams, heartbeat_timeout_s: float) -> dict[str, str]:
+    """Why each of the job's attempts that wait for admission waits, by stage."""
+    if not any(run.ready_at is not None and run.status is StageState.PENDING for run in job.stage_runs):
+        return {}
+    why = waiting_by_run(session, teams, heartbeat_timeout_s)
+    return {str(run.stage): why[run.id] for run in job.stage_runs if run.id in why}
+
+
+def team_rows(session: Any, teams: Teams) -> list[dict[str, Any]]:
+    """Per team (each configured one, and each with work or stored bytes): what it holds now, its share
+    of the attempts in flight, its decayed usage, its caps and how much of its quota it uses."""
+    usage = team_usage.usage_by_team(session, teams.usage_half_life_s, teams.policies)
+    total = sum(use.in_flight for use in usage.values())
+    rows = []
+    for team, use in usage.items():
+        policy = teams.policy(team)
+        quota = policy.storage_quota_bytes
+        rows.append({
+            "team": team, "running": use.in_flight, "waiting": use.waiting,
+            "pending_jobs": use.unfinished_jobs,
+            "share": round(use.in_flight / total, 3) if total else 0.0,
+            "weighted_share": round(policy.weight / sum(teams.policy(t).weight for t in usage), 3),
+            "usage_s": round(use.usage_s, 1), "stored_bytes": use.stored_bytes,
+            # A quota of 0 is used up from the start.
+            "quota_used": None if quota is None else (use.stored_bytes / quota if quota else 1.0),
+            **policy.describe(),
+        })
+    return rows
 
 
 def run_view(run: StageRun, store: ArtifactStore | None = None) -> dict[str, Any]:

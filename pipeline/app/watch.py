@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rich.console import Console
@@ -43,6 +43,7 @@ class JobLine:
     cached: int
     source: str
     waiting_queue: str | None  # the queue the job waits on, when no live worker serves it
+    why_waiting: str | None = None  # why its attempt waits for admission (distributed mode)
 
     def plain(self) -> str:
         where = f" {self.stage} (attempt {self.attempt})" if self.stage and self.attempt else ""
@@ -61,12 +62,14 @@ class Snapshot:
         return all(JobState(line.status).is_final for line in self.lines)
 
     def warnings(self) -> list[str]:
-        return [f"warning: job {line.job_id} waits on queue {line.waiting_queue!r}, which no live worker "
+        idle = [f"warning: job {line.job_id} waits on queue {line.waiting_queue!r}, which no live worker "
                 f"serves; start one (`bonsai worker --queues {line.waiting_queue}`) or see `bonsai workers`"
                 for line in self.lines if line.waiting_queue]
+        return idle + [f"job {line.job_id} waits: {line.why_waiting}" for line in self.lines
+                       if line.why_waiting and not line.waiting_queue]
 
 
-def _line(job: Job, idle_queues: Sequence[str]) -> JobLine:
+def _line(job: Job, idle_queues: Sequence[str], why: Mapping[int, str]) -> JobLine:
     summary = views.job_summary(job)
     runs = [run for run in job.stage_runs if not run.shard]
     stage = summary["current_stage"]
@@ -82,6 +85,7 @@ def _line(job: Job, idle_queues: Sequence[str]) -> JobLine:
         retries=sum(1 for run in runs if run.attempt > 1),
         cached=sum(1 for run in runs if run.status == StageState.SKIPPED_CACHED),
         source=job.source, waiting_queue=waiting,
+        why_waiting=next((f"{run.stage}: {why[run.id]}" for run in runs if run.id in why), None),
     )
 
 
@@ -99,7 +103,8 @@ def take_snapshot(rt: Runtime, job_ids: Sequence[int] | None, status: str | None
             jobs = [repo.get_job(session, job_id) for job_id in job_ids]
         else:
             jobs = list(repo.list_jobs(session, status))
-        return Snapshot(tuple(_line(job, idle) for job in jobs), tuple(idle))
+        why = views.waiting_by_run(session, rt.teams, heartbeat_timeout_s) if heartbeat_timeout_s else {}
+        return Snapshot(tuple(_line(job, idle, why) for job in jobs), tuple(idle))
 
 
 def _table(snapshot: Snapshot) -> Table:

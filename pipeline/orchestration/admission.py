@@ -25,7 +25,7 @@ from pipeline.db.models import Job, StageRun, Worker
 from pipeline.orchestration.fair_share import Admission, Waiting, choose
 from pipeline.orchestration.queues import QUEUE_OF, QUEUES
 
-__all__ = ["next_job", "EMBEDDED_QUEUE", "Admitted", "admit_attempts", "queue_slots"]
+__all__ = ["next_job", "EMBEDDED_QUEUE", "Admitted", "admit_attempts", "queue_slots", "waiting_reasons"]
 
 # Embedded mode's one slot: a whole job at a time.
 EMBEDDED_QUEUE = "embedded"
@@ -71,21 +71,7 @@ def admit_attempts(session: Session, teams: Teams,
     """Admit waiting attempts into the free slots of their queues, marking each queued under a new task
     id (the caller sends them after commit); with the chooser's answer (why the rest wait)."""
     _hold_admission(session)
-    ready = session.execute(
-        select(StageRun.id, StageRun.stage, StageRun.ready_at, Job.team, Job.priority)
-        .join(Job, Job.id == StageRun.job_id)
-        .where(StageRun.status == StageState.PENDING.value, StageRun.ready_at.is_not(None),
-               StageRun.parent_run_id.is_(None), Job.status.in_(_UNFINISHED))).all()
-    if not ready:
-        return [], Admission()
-    waiting = [Waiting(run_id, team, priority, ready_at, QUEUE_OF[StageName(stage)])
-               for run_id, stage, ready_at, team, priority in ready if ready_at is not None]
-    busy_queues, busy_teams = _in_flight(session)
-    slots = queue_slots(session, workers_since)
-    free = {queue: slots[queue] - busy_queues.get(queue, 0) for queue in slots}
-    if not any(free[w.queue] > 0 for w in waiting):
-        return [], Admission()
-    admission = choose(waiting, free, busy_teams, _usage(session, waiting, teams), teams)
+    admission = _choose(session, teams, workers_since, only_if_free=True)
     admitted = []
     for item in admission.admitted:
         run = session.get_one(StageRun, item.key)
@@ -93,6 +79,30 @@ def admit_attempts(session: Session, teams: Teams,
         repo.set_stage_state(session, run, StageState.QUEUED, task_id=task_id)
         admitted.append(Admitted(run.stage, run.id, task_id))
     return admitted, admission
+
+
+def waiting_reasons(session: Session, teams: Teams, workers_since: datetime) -> dict[int, str]:
+    """Why each attempt waiting for admission waits (by run id), as the chooser sees it now."""
+    admission = _choose(session, teams, workers_since, only_if_free=False)
+    return {**{item.key: "next to be admitted" for item in admission.admitted}, **admission.reasons}
+
+
+def _choose(session: Session, teams: Teams, workers_since: datetime, only_if_free: bool) -> Admission:
+    ready = session.execute(
+        select(StageRun.id, StageRun.stage, StageRun.ready_at, Job.team, Job.priority)
+        .join(Job, Job.id == StageRun.job_id)
+        .where(StageRun.status == StageState.PENDING.value, StageRun.ready_at.is_not(None),
+               StageRun.parent_run_id.is_(None), Job.status.in_(_UNFINISHED))).all()
+    waiting = [Waiting(run_id, team, priority, ready_at, QUEUE_OF[StageName(stage)])
+               for run_id, stage, ready_at, team, priority in ready if ready_at is not None]
+    if not waiting:
+        return Admission()
+    busy_queues, busy_teams = _in_flight(session)
+    slots = queue_slots(session, workers_since)
+    free = {queue: slots[queue] - busy_queues.get(queue, 0) for queue in slots}
+    if only_if_free and not any(free[w.queue] > 0 for w in waiting):
+        return Admission()
+    return choose(waiting, free, busy_teams, _usage(session, waiting, teams), teams)
 
 
 def _in_flight(session: Session) -> tuple[dict[str, int], dict[str, int]]:

@@ -89,6 +89,8 @@ def test_submission_is_recorded_and_sent_to_the_io_queue(base_url: str, broker_u
     # second job's download waits in the database for admission.
     assert download_of(job_ids[0])["status"] == "queued"
     assert download_of(job_ids[1])["status"] == "pending"
+    waiting = httpx.get(f"{base_url}/api/jobs/{job_ids[1]}", headers=HEADERS).json()["waiting"]
+    assert waiting == {"download": "queue io is full"}
     client = redis.Redis.from_url(broker_url)
     queued = sum(client.llen(key) for key in client.keys("io*") if client.type(key) == b"list")
     assert queued == 1, "one message on the io queue"

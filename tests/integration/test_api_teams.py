@@ -71,6 +71,19 @@ def test_over_max_pending_is_429_with_retry_after_and_records_nothing(service: S
     assert {job["team"] for job in service.jobs()} == {service.team}
 
 
+def test_teams_and_their_gauges_are_shown(service: Service) -> None:
+    assert service.submit("ci").status_code == 201
+    headers = {"Authorization": f"Bearer {service.tokens['admin']}"}
+    rows = {row["team"]: row for row in service.client.get("/api/teams", headers=headers).json()}
+    mine = rows[service.team]
+    assert (mine["max_pending"], mine["max_priority"], mine["max_running"]) == (2, 5, None)
+    assert mine["weight"] == 1.0 and mine["quota_used"] is None
+    assert rows[f"{service.team}-full"]["storage_quota_bytes"] == 0  # configured, idle: listed too
+    metrics = service.client.get("/metrics", headers=headers).text
+    assert f'bonsai_team_unfinished_jobs{{team="{service.team}"}}' in metrics
+    assert f'bonsai_team_stored_bytes{{team="{service.team}-full"}} 0.0' in metrics
+
+
 def test_the_priority_ceiling_needs_the_admin_scope(service: Service) -> None:
     above = service.submit("ci", priority=6)
     assert above.status_code == 400 and "max_priority 5" in above.json()["detail"]

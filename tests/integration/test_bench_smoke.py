@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.services, pytest.mark.llama, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
-SMOKED = ("decompose", "fuzz", "io", "load", "orchestration", "s3_throughput", "scaling")
+SMOKED = ("decompose", "fairness", "fuzz", "io", "load", "orchestration", "s3_throughput", "scaling")
 # Scripts that are not benches: modules the benches load (fuzz targets, celery's reference app).
 MODULES = ("__init__", "celery_reference", "fuzz_targets")
 NO_SMOKE_YET = {

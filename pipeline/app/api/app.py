@@ -19,7 +19,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from pipeline import __version__
-from pipeline.app.api import artifacts, history, jobs, publish, session, store
+from pipeline.app.api import artifacts, history, jobs, publish, session, store, teams
 from pipeline.app.api.auth import ApiToken, TokenRedactingFilter, parse_tokens, require_scope
 from pipeline.app.api.metrics import make_registry, render_metrics
 from pipeline.app.api.rate_limit import rate_limit_for
@@ -74,13 +74,14 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.state.tokens = parse_tokens(settings.api_tokens)
     app.state.rate_limit = rate_limit_for(settings)
     app.state.public_key = configured_public_key(settings.signing_public_key, settings.signing_key)
-    app.state.registry = make_registry(runtime.sessions)
+    app.state.registry = make_registry(runtime.sessions, runtime.teams)
     app.include_router(jobs.router)
     app.include_router(artifacts.router)
     app.include_router(publish.router)
     app.include_router(session.router)
     app.include_router(store.router)
     app.include_router(history.router)
+    app.include_router(teams.router)
     _add_service_routes(app)
     _add_web(app)
     _add_error_handlers(app)

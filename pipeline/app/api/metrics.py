@@ -8,7 +8,10 @@ restarts all report the same values.
 - ``bonsai_stage_runs{stage,status}``: attempts by stage and status;
 - ``bonsai_stage_duration_seconds{stage,status}``: histogram of finished attempts' run time;
 - ``bonsai_queue_depth{queue}``: attempts queued for each worker queue (io, cpu, gpu);
-- ``bonsai_stage_failures_total{stage,error_kind}``: failed attempts by error kind.
+- ``bonsai_stage_failures_total{stage,error_kind}``: failed attempts by error kind;
+- ``bonsai_team_running{team}``, ``bonsai_team_waiting{team}``, ``bonsai_team_unfinished_jobs{team}``,
+  ``bonsai_team_usage_seconds{team}`` (decayed) and ``bonsai_team_stored_bytes{team}``: what each team
+  holds (`db.team_usage`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from pipeline.core.states import JobState, StageName, StageState
+from pipeline.core.teams import NO_TEAMS, Teams
+from pipeline.db import team_usage
 from pipeline.db.models import Job, StageRun
 from pipeline.db.session import session_scope
 from pipeline.orchestration.queues import QUEUE_OF
@@ -40,8 +45,8 @@ def queue_of() -> dict[str, str]:
 class DatabaseCollector(Collector):
     """Reads the metric families from the database on every collect()."""
 
-    def __init__(self, sessions: sessionmaker[Session]) -> None:
-        self._sessions = sessions
+    def __init__(self, sessions: sessionmaker[Session], teams: Teams = NO_TEAMS) -> None:
+        self._sessions, self._teams = sessions, teams
 
     def collect(self) -> Iterator[Metric]:
         with session_scope(self._sessions) as session:
@@ -50,6 +55,7 @@ class DatabaseCollector(Collector):
             yield self._durations(session)
             yield self._queues(session)
             yield self._failures(session)
+            yield from self._team_gauges(session)
 
     @staticmethod
     def _jobs(session: Session) -> Metric:
@@ -124,6 +130,25 @@ class DatabaseCollector(Collector):
         return family
 
 
+    def _team_gauges(self, session: Session) -> Iterator[Metric]:
+        usage = team_usage.usage_by_team(session, self._teams.usage_half_life_s, self._teams.policies)
+        for field, name, help_text in _TEAM_GAUGES:
+            family = GaugeMetricFamily(name, help_text, labels=["team"])
+            for team, use in usage.items():
+                family.add_metric([team], float(getattr(use, field)))
+            yield family
+
+
+# TeamUsage field, metric name, help.
+_TEAM_GAUGES = (
+    ("in_flight", "bonsai_team_running", "Attempts of the team queued or running."),
+    ("waiting", "bonsai_team_waiting", "Attempts of the team waiting for admission."),
+    ("unfinished_jobs", "bonsai_team_unfinished_jobs", "Jobs of the team pending or running."),
+    ("usage_s", "bonsai_team_usage_seconds", "Stage seconds the team used, decayed by the half-life."),
+    ("stored_bytes", "bonsai_team_stored_bytes", "Stored bytes the team's jobs first wrote."),
+)
+
+
 def _buckets(values: list[float]) -> list[tuple[str, float]]:
     ordered = sorted(values)
     buckets: list[tuple[str, float]] = []
@@ -141,8 +166,8 @@ def render_metrics(registry: CollectorRegistry) -> bytes:
     return generate_latest(registry)
 
 
-def make_registry(sessions: sessionmaker[Session]) -> CollectorRegistry:
+def make_registry(sessions: sessionmaker[Session], teams: Teams = NO_TEAMS) -> CollectorRegistry:
     """A registry of its own (not the global one): one per app, so tests can build many apps."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(DatabaseCollector(sessions))
+    registry.register(DatabaseCollector(sessions, teams))
     return registry

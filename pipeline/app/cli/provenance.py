@@ -185,3 +185,34 @@ def history(obj: CliContext, job_id: int | None, actor: str | None, action: str 
         detail = " ".join(f"{key}={value}" for key, value in row["detail"].items())
         line = f"{row['at']}  {row['actor']}  {row['action']}  {row['target']}  {row['outcome']}"
         click.echo(printable(line + (f"  {detail}" if detail else "")))
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@guard
+def teams(obj: CliContext, as_json: bool) -> None:
+    """Per team: attempts running and waiting, unfinished jobs, share of the running slots (and the
+    weighted share it is owed), decayed usage, caps (BONSAI_TEAMS_FILE) and the storage quota used."""
+    from pipeline.app.terminal import printable
+    from pipeline.app.views import team_rows
+    from pipeline.db.session import session_scope
+
+    rt = obj.runtime()
+    with session_scope(rt.sessions) as session:
+        rows = team_rows(session, rt.teams)
+    if as_json:
+        echo_json(rows)
+        return
+    if not rows:
+        click.echo("no team has work, stored bytes or a policy yet")
+    for row in rows:
+        caps = ", ".join(f"{key} {row[key]}" for key in ("max_running", "max_pending", "max_priority")
+                         if row[key] is not None) or "no caps"
+        quota = (f", quota {row['quota_used']:.0%} of {row['storage_quota_bytes'] / 1024**3:.1f} GB"
+                 if row["quota_used"] is not None else "")
+        click.echo(printable(
+            f"{row['team']}: running {row['running']}, waiting {row['waiting']}, {row['pending_jobs']} "
+            f"unfinished job(s), share {row['share']:.0%} (owed {row['weighted_share']:.0%} at weight "
+            f"{row['weight']:g}), usage {row['usage_s']:.0f} s, stored {row['stored_bytes'] / 1024**2:.1f} MB"
+            f"{quota}; {caps}"))

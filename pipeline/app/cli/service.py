@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import click
 
 from pipeline.app.cli.main import CliContext, cli, fail, guard, require_broker
+
+log = logging.getLogger(__name__)
 
 
 @cli.command()
@@ -31,8 +34,6 @@ def worker(obj: CliContext, queues: str, concurrency: int, hostname: str | None)
     app = app_for(obj.settings)
     register_tasks(app)
     name = hostname or f"bonsai-{'-'.join(wanted)}@%h"
-    import logging
-
     for handler in logging.getLogger().handlers:  # the worker logs at --loglevel INFO, not the CLI's level
         handler.setLevel(logging.NOTSET)
     app.worker_main(["worker", "-Q", ",".join(wanted), "-c", str(concurrency), "-O", "fair",
@@ -53,7 +54,16 @@ def reconcile(obj: CliContext, every_s: float | None, as_json: bool) -> None:
 
     rt = obj.runtime()
     while True:
-        report = reconcile_once(rt, obj.settings).as_dict()
+        try:
+            report = reconcile_once(rt, obj.settings).as_dict()
+        except Exception as exc:  # noqa: BLE001 - a repeating reconciler outlives a database or broker blip
+            if every_s is None:
+                raise
+            first_line = str(exc).splitlines()[0] if str(exc) else ""
+            log.warning("reconcile pass failed (%s: %s); trying again in %s s", type(exc).__name__,
+                        first_line, every_s)
+            time.sleep(every_s)
+            continue
         if as_json:
             click.echo(json.dumps(report))
         else:

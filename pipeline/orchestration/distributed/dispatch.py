@@ -104,9 +104,14 @@ class Dispatcher:
         return outcome
 
     def admit(self) -> list[int]:
-        """Send the waiting attempts that the fair-share chooser admits into free slots; their run ids."""
-        with session_scope(self.sessions) as session:
-            admitted, _why = admit_attempts(session, self.teams, self._workers_since())
+        """Send the waiting attempts that the fair-share chooser admits into free slots; their run ids.
+        A failure to admit (the database gone for a moment) leaves them waiting for the reconciler."""
+        try:
+            with session_scope(self.sessions) as session:
+                admitted, _why = admit_attempts(session, self.teams, self._workers_since())
+        except Exception:  # noqa: BLE001 - the rows are unchanged: the next admission takes them
+            log.warning("admission failed; the waiting attempts stay pending for the next one", exc_info=True)
+            return []
         for item in admitted:
             self.send(item.stage, item.run_id, item.task_id)
             log.info("run %s: admitted and sent %s", item.run_id, item.stage.value)

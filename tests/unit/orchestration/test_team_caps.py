@@ -91,3 +91,27 @@ def test_the_cli_refuses_over_a_cap_in_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert result.output.startswith("error: team ml is at its cap max_pending 0")
     assert "Traceback" not in result.output
+
+
+def test_bonsai_teams_shows_each_teams_holdings_and_caps(tmp_path: Path) -> None:
+    import json
+
+    teams_file = tmp_path / "teams.toml"
+    teams_file.write_text("[team.ml]\nweight = 3\nmax_running = 2\nstorage_quota_gb = 1\n")
+    home = tmp_path / "home"
+    rt = build_runtime(Settings(home=home, teams_file=teams_file))
+    with session_scope(rt.sessions) as session:
+        (done,) = create_jobs(session, [JobRequest(_source(tmp_path))], "cli:ana", _POLICY, team="ml",
+                              teams=rt.teams)
+    run_job(rt, done)
+    with session_scope(rt.sessions) as session:
+        create_jobs(session, [JobRequest(_source(tmp_path))], "cli:bo", _POLICY, teams=rt.teams)
+    env = {"BONSAI_TEAMS_FILE": str(teams_file)}
+    rows = {row["team"]: row for row in json.loads(
+        CliRunner().invoke(cli, ["--home", str(home), "teams", "--json"], env=env).output)}
+    assert rows["ml"]["weight"] == 3.0 and rows["ml"]["max_running"] == 2 and rows["ml"]["pending_jobs"] == 0
+    assert rows["ml"]["stored_bytes"] > 0 and 0 < rows["ml"]["quota_used"] < 1 and rows["ml"]["usage_s"] >= 0
+    assert rows["cli:bo"]["pending_jobs"] == 1 and rows["cli:bo"]["quota_used"] is None
+    assert rows["ml"]["weighted_share"] == 0.75  # 3 of 3 + 1
+    shown = CliRunner().invoke(cli, ["--home", str(home), "teams"], env=env).output
+    assert "ml: running 0, waiting 0, 0 unfinished job(s)" in shown and "max_running 2" in shown

@@ -29,7 +29,8 @@ async function loadJob() {
   $("#job-panel").dataset.status = job.status;
   $("#job-title").replaceChildren(`Job ${job.id} `, badge(job.status));
   $("#job-meta").textContent = `${job.source} · recipe ${job.recipe} · priority ${job.priority}`
-    + ` · submitted by ${job.submitted_by || "–"} of team ${job.team || "–"} · revision ${job.resolved_revision || "–"}`;
+    + ` · submitted by ${job.submitted_by || "–"} of team ${job.team || "–"} · revision ${job.resolved_revision || "–"}`
+    + Object.entries(job.waiting || {}).map(([stage, why]) => ` · ${stage} waits for a slot: ${why}`).join("");
   renderOptions(job);
   renderActions(job);
   const errors = renderErrors(job);
