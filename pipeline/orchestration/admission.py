@@ -1,8 +1,9 @@
 """Admission by fair share, over the rows: what waits, what each team holds, and which work the chooser
 (`fair_share.choose`) lets start.
 
-Distributed mode keeps the broker short: each queue holds about as many messages as the live workers
-serving it have slots (at least one, so work moves before any worker has beaten). The rest of the
+Distributed mode keeps the broker short: each queue holds about as many attempts in flight as the live
+workers serving it have slots (at least one, so work moves before any worker has beaten), and all queues
+together two per worker slot (a worker serves several queues: one running, one waiting). The rest of the
 ready attempts wait in the database as pending, with ``ready_at`` set, until a slot frees; then the
 chooser admits them and they are queued and sent. A retry's backoff and shard children are sent
 directly (they continue work already admitted).
@@ -55,15 +56,18 @@ def next_job(session: Session, job_ids: Sequence[int], teams: Teams) -> int:
     return admitted[0].key if admitted else min(job_ids)
 
 
-def queue_slots(session: Session, workers_since: datetime) -> dict[str, int]:
-    """Per queue: the slots of the live workers serving it, at least one."""
+def queue_slots(session: Session, workers_since: datetime) -> tuple[dict[str, int], int]:
+    """Per queue, the slots of the live workers serving it, and the slots of all of them; each at least
+    one."""
     slots = dict.fromkeys(QUEUES, 0)
+    every = 0
     for worker in session.scalars(select(Worker).where(Worker.heartbeat_at >= workers_since,
                                                        Worker.stopped_at.is_(None))):
+        every += max(1, worker.concurrency)
         for queue in worker.queues or []:
             if queue in slots:
                 slots[queue] += max(1, worker.concurrency)
-    return {queue: max(1, count) for queue, count in slots.items()}
+    return {queue: max(1, count) for queue, count in slots.items()}, max(1, every)
 
 
 def admit_attempts(session: Session, teams: Teams,
@@ -88,21 +92,35 @@ def waiting_reasons(session: Session, teams: Teams, workers_since: datetime) -> 
 
 
 def _choose(session: Session, teams: Teams, workers_since: datetime, only_if_free: bool) -> Admission:
-    ready = session.execute(
-        select(StageRun.id, StageRun.stage, StageRun.ready_at, Job.team, Job.priority)
-        .join(Job, Job.id == StageRun.job_id)
-        .where(StageRun.status == StageState.PENDING.value, StageRun.ready_at.is_not(None),
-               StageRun.parent_run_id.is_(None), Job.status.in_(_UNFINISHED))).all()
-    waiting = [Waiting(run_id, team, priority, ready_at, QUEUE_OF[StageName(stage)])
-               for run_id, stage, ready_at, team, priority in ready if ready_at is not None]
-    if not waiting:
-        return Admission()
     busy_queues, busy_teams = _in_flight(session)
-    slots = queue_slots(session, workers_since)
+    slots, worker_slots = queue_slots(session, workers_since)
     free = {queue: slots[queue] - busy_queues.get(queue, 0) for queue in slots}
-    if only_if_free and not any(free[w.queue] > 0 for w in waiting):
+    # Workers serve several queues: in all, a running attempt and one waiting per worker slot.
+    total = max(0, 2 * worker_slots - sum(busy_teams.values()))
+    if only_if_free and total == 0:
         return Admission()
-    return choose(waiting, free, busy_teams, _usage(session, waiting, teams), teams)
+    # To admit, each team's first few per stage are enough (no more than ``total`` go in); to explain,
+    # every waiting attempt.
+    waiting = _waiting(session, total if only_if_free else None)
+    if not waiting or (only_if_free and not any(free[w.queue] > 0 for w in waiting)):
+        return Admission()
+    return choose(waiting, free, busy_teams, _usage(session, waiting, teams), teams, total)
+
+
+def _waiting(session: Session, first: int | None) -> list[Waiting]:
+    """Attempts waiting for admission; with ``first``, only the first that many of each team and stage
+    (by priority, then age)."""
+    order = (Job.priority.desc(), StageRun.ready_at, StageRun.id)
+    rank = func.row_number().over(partition_by=(Job.team, StageRun.stage), order_by=order).label("rank")
+    ready = (select(StageRun.id, StageRun.stage, StageRun.ready_at, Job.team, Job.priority, rank)
+             .join(Job, Job.id == StageRun.job_id)
+             .where(StageRun.status == StageState.PENDING.value, StageRun.ready_at.is_not(None),
+                    StageRun.parent_run_id.is_(None), Job.status.in_(_UNFINISHED))).subquery()
+    query = select(ready.c.id, ready.c.stage, ready.c.ready_at, ready.c.team, ready.c.priority)
+    if first is not None:
+        query = query.where(ready.c.rank <= first)
+    return [Waiting(run_id, team, priority, ready_at, QUEUE_OF[StageName(stage)])
+            for run_id, stage, ready_at, team, priority in session.execute(query) if ready_at is not None]
 
 
 def _in_flight(session: Session) -> tuple[dict[str, int], dict[str, int]]:

@@ -38,9 +38,9 @@ class Admission:
 
 
 def choose(waiting: Sequence[Waiting], free: Mapping[str, int], in_flight: Mapping[str, int],
-           usage: Mapping[str, float], teams: Teams) -> Admission:
-    """Hand out ``free`` slots per queue to ``waiting`` work, given each team's attempts ``in_flight`` and
-    decayed ``usage`` (seconds)."""
+           usage: Mapping[str, float], teams: Teams, total: int | None = None) -> Admission:
+    """Hand out ``free`` slots per queue to ``waiting`` work, at most ``total`` in all (None: no bound
+    beyond the queues'), given each team's attempts ``in_flight`` and decayed ``usage`` (seconds)."""
     free = dict(free)
     running = {team: in_flight.get(team, 0) for team in {w.team for w in waiting}}
     queues: dict[str, list[Waiting]] = {}
@@ -58,7 +58,7 @@ def choose(waiting: Sequence[Waiting], free: Mapping[str, int], in_flight: Mappi
             if offer is not None:
                 rank = (running[team] / policy.weight, usage.get(team, 0.0) / policy.weight, team)
                 offers.append((rank, offer))
-        if not offers:
+        if not offers or (total is not None and len(admitted) >= total):
             break
         _, item = min(offers, key=lambda pair: pair[0])
         queues[item.team].remove(item)
@@ -66,15 +66,19 @@ def choose(waiting: Sequence[Waiting], free: Mapping[str, int], in_flight: Mappi
         running[item.team] += 1
         ahead[item.queue] = ahead.get(item.queue, 0) + 1
         admitted.append(item)
-    reasons = {item.key: _reason(item, running, ahead, teams) for items in queues.values() for item in items}
+    reasons = {item.key: _reason(item, running, ahead, free, teams)
+               for items in queues.values() for item in items}
     return Admission(tuple(admitted), reasons)
 
 
-def _reason(item: Waiting, running: Mapping[str, int], ahead: Mapping[str, int], teams: Teams) -> str:
+def _reason(item: Waiting, running: Mapping[str, int], ahead: Mapping[str, int],
+            free_after: Mapping[str, int], teams: Teams) -> str:
     cap = teams.policy(item.team).max_running
     if cap is not None and running[item.team] >= cap:
         return f"team {item.team} at max_running {cap}"
     admitted = ahead.get(item.queue, 0)
+    if free_after.get(item.queue, 0) > 0:
+        return f"every worker slot is taken: {sum(ahead.values())} waiting attempt(s) admitted first"
     if admitted:
         return f"queue {item.queue} is full: {admitted} waiting attempt(s) admitted first"
     return f"queue {item.queue} is full"

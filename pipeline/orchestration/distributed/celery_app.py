@@ -57,9 +57,10 @@ def make_app(broker_url: str) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_transport_options={
             "visibility_timeout": VISIBILITY_TIMEOUT_S,
-            # Priorities 0 (first) .. 9 (last), each its own Redis list.
-            "queue_order_strategy": "priority",
-            "priority_steps": list(range(10)),
+            # A worker of several queues takes from each in turn: admission bounds every queue, and a
+            # fixed order would leave a later queue's admitted attempts (another team's, say) behind an
+            # earlier queue that never runs dry. Messages go at one priority (dispatch.send).
+            "queue_order_strategy": "round_robin",
             "sep": ":",
         },
         task_serializer="json",

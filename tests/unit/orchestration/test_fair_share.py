@@ -75,3 +75,10 @@ def test_each_queue_has_its_own_slots() -> None:
     chosen = choose(items, {"cpu": 1, "gpu": 0}, {}, {}, Teams())
     assert [item.key for item in chosen.admitted] == [10]
     assert chosen.reasons[0] == "queue gpu is full"
+
+
+def test_a_bound_on_all_queues_together_stops_admission_and_says_so() -> None:
+    items = _work("a", 3, queue="io") + _work("b", 3, first=10, queue="gpu")
+    chosen = choose(items, {"io": 5, "gpu": 5}, {}, {}, Teams(), total=2)
+    assert sorted(_teams_of(chosen.admitted)) == ["a", "b"]  # one each: equal shares
+    assert chosen.reasons[1] == "every worker slot is taken: 2 waiting attempt(s) admitted first"
