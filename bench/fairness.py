@@ -26,16 +26,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import redis
 from sqlalchemy import select
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.orchestration import REDIS_BASE, fresh_database, processes, wait_all_final  # noqa: E402
-from pipeline.db import migrate  # noqa: E402
+from bench.orchestration import REDIS_BASE, bonsai_service, wait_all_final  # noqa: E402
 from pipeline.db.models import Job, StageRun  # noqa: E402
-from pipeline.db.session import make_engine, make_sessionmaker, session_scope  # noqa: E402
+from pipeline.db.session import session_scope  # noqa: E402
 
 WORKERS = 2
 LATE = 3
@@ -72,28 +70,17 @@ def measure(sessions, flood: list[int], late: list[int]) -> dict[str, float]:  #
 
 def run(flood_jobs: int, tmp: Path) -> dict[str, float]:
     broker = f"{REDIS_BASE}/{_SHARED_DB or 13}"
-    redis.Redis.from_url(broker).flushdb()
-    with fresh_database() as db_url:
-        engine = make_engine(db_url)
-        migrate.upgrade(engine)
-        sessions = make_sessionmaker(engine)
-        env = {**os.environ, "BONSAI_HOME": str(tmp / "home"), "BONSAI_DATABASE_URL": db_url,
-               "BONSAI_BROKER_URL": broker, "BONSAI_STAGE_PACKAGE": "bench.noop_stages"}
-        worker = [sys.executable, "-m", "pipeline", "worker", "--concurrency", "1"]
-        with processes([[*worker, "--hostname", f"fair{i}@%h"] for i in range(WORKERS)], env, tmp):
-            time.sleep(3)  # workers connect and beat
-            flood = submit(env, "team-a", [f"bench/flood-{i}" for i in range(flood_jobs)], 1_000_000)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                with session_scope(sessions) as session:
-                    if session.scalar(select(StageRun.id).where(StageRun.status == "succeeded").limit(1)):
-                        break
-                time.sleep(0.05)
-            late = submit(env, "team-b", [f"bench/late-{i}" for i in range(LATE)], 0)
-            wait_all_final(sessions, flood + late, 900)
-            figures = measure(sessions, flood, late)
-        engine.dispose()
-    return figures
+    with bonsai_service(tmp, broker, "bench.noop_stages", WORKERS, "fair") as (sessions, env):
+        flood = submit(env, "team-a", [f"bench/flood-{i}" for i in range(flood_jobs)], 1_000_000)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with session_scope(sessions) as session:
+                if session.scalar(select(StageRun.id).where(StageRun.status == "succeeded").limit(1)):
+                    break
+            time.sleep(0.05)
+        late = submit(env, "team-b", [f"bench/late-{i}" for i in range(LATE)], 0)
+        wait_all_final(sessions, flood + late, 900)
+        return measure(sessions, flood, late)
 
 
 def main() -> None:

@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import redis
@@ -81,6 +82,26 @@ def processes(commands: list[list[str]], env: dict[str, str], log_dir: Path) -> 
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
+@contextmanager
+def bonsai_service(tmp: Path, broker: str, stage_package: str, workers: int, name: str,
+                   extra_env: dict[str, str] | None = None) -> Iterator[tuple[Any, dict[str, str]]]:
+    """A database and a broker database of their own and ``workers`` bonsai workers of concurrency 1
+    running ``stage_package``; yields (sessions, env) once the workers had time to connect."""
+    redis.Redis.from_url(broker).flushdb()
+    with fresh_database() as db_url:
+        engine = make_engine(db_url)
+        migrate.upgrade(engine)
+        env = {**os.environ, "BONSAI_HOME": str(tmp / "home"), "BONSAI_DATABASE_URL": db_url,
+               "BONSAI_BROKER_URL": broker, "BONSAI_STAGE_PACKAGE": stage_package, **(extra_env or {})}
+        command = [sys.executable, "-m", "pipeline", "worker", "--concurrency", "1"]
+        try:
+            with processes([[*command, "--hostname", f"{name}{i}@%h"] for i in range(workers)], env, tmp):
+                time.sleep(3)  # workers connect
+                yield make_sessionmaker(engine), env
+        finally:
+            engine.dispose()
+
+
 def wait_all_final(sessions, job_ids: list[int], timeout_s: float) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     wanted = set(job_ids)
@@ -130,35 +151,24 @@ def stage_overheads_ms(sessions, job_ids: list[int]) -> dict[str, list[float]]: 
 def bench_bonsai(n_jobs: int, latency_jobs: int, tmp: Path,
                  extra_env: dict[str, str] | None = None) -> tuple[float, float, int]:
     broker = f"{REDIS_BASE}/{_SHARED_DB or 13}"
-    redis.Redis.from_url(broker).flushdb()
-    with fresh_database() as db_url:
-        engine = make_engine(db_url)
-        migrate.upgrade(engine)
-        sessions = make_sessionmaker(engine)
-        env = {**os.environ, "BONSAI_HOME": str(tmp / "home"), "BONSAI_DATABASE_URL": db_url,
-               "BONSAI_BROKER_URL": broker, "BONSAI_STAGE_PACKAGE": "bench.noop_stages", **(extra_env or {})}
-        worker = [sys.executable, "-m", "pipeline", "worker", "--concurrency", "1"]
-        commands = [[*worker, "--hostname", f"bench{i}@%h"] for i in range(2)]
-        with processes(commands, env, tmp):
-            time.sleep(3)  # workers connect
-            warm = submit(env, ["warmup-0", "warmup-1"])
-            wait_all_final(sessions, warm, 120)
-            sequential = []
-            for index in range(latency_jobs):
-                (job_id,) = submit(env, [f"latency-{index}"])
-                wait_all_final(sessions, [job_id], 60)
-                sequential.append(job_id)
-            parts = stage_overheads_ms(sessions, sequential)
-            overhead_ms = statistics.median(parts["total"])
-            print("bonsai per-stage median ms: " + ", ".join(
-                f"{name} {statistics.median(values):.1f}" for name, values in parts.items()))
-            started = time.monotonic()
-            batch = submit(env, [f"throughput-{i}" for i in range(n_jobs)])
-            wait_all_final(sessions, batch, 900)
-            elapsed_s = time.monotonic() - started
-            with session_scope(sessions) as session:
-                failed = len(session.scalars(select(Job.id).where(Job.status == "failed")).all())
-        engine.dispose()
+    with bonsai_service(tmp, broker, "bench.noop_stages", 2, "bench", extra_env) as (sessions, env):
+        warm = submit(env, ["warmup-0", "warmup-1"])
+        wait_all_final(sessions, warm, 120)
+        sequential = []
+        for index in range(latency_jobs):
+            (job_id,) = submit(env, [f"latency-{index}"])
+            wait_all_final(sessions, [job_id], 60)
+            sequential.append(job_id)
+        parts = stage_overheads_ms(sessions, sequential)
+        overhead_ms = statistics.median(parts["total"])
+        print("bonsai per-stage median ms: " + ", ".join(
+            f"{name} {statistics.median(values):.1f}" for name, values in parts.items()))
+        started = time.monotonic()
+        batch = submit(env, [f"throughput-{i}" for i in range(n_jobs)])
+        wait_all_final(sessions, batch, 900)
+        elapsed_s = time.monotonic() - started
+        with session_scope(sessions) as session:
+            failed = len(session.scalars(select(Job.id).where(Job.status == "failed")).all())
     return overhead_ms, n_jobs / elapsed_s * 60, failed
 
 

@@ -26,19 +26,16 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import redis
 from sqlalchemy import select
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.orchestration import REDIS_BASE, fresh_database, processes, submit, wait_all_final  # noqa: E402
-from pipeline.db import migrate  # noqa: E402
+from bench.orchestration import REDIS_BASE, bonsai_service, submit, wait_all_final  # noqa: E402
 from pipeline.db.models import StageRun  # noqa: E402
-from pipeline.db.session import make_engine, make_sessionmaker, session_scope  # noqa: E402
+from pipeline.db.session import session_scope  # noqa: E402
 
 # 8 layers of the route checkpoint's shape (201M parameters, 403 MB): about 1 s of decompose on one core.
 SHAPE = {"n_layers": 8, "hidden": 1536, "intermediate": 4096, "n_heads": 12, "n_kv_heads": 4}
@@ -68,23 +65,13 @@ def decompose_windows(sessions, job_ids: list[int]) -> tuple[float, list[float]]
 
 def bench_config(workers: int, threads: int, n_jobs: int, ckpt: Path, tmp: Path) -> dict[str, float]:
     broker = f"{REDIS_BASE}/{os.environ.get('BONSAI_BENCH_REDIS_DB', '11')}"
-    redis.Redis.from_url(broker).flushdb()
-    with fresh_database() as db_url:
-        engine = make_engine(db_url)
-        migrate.upgrade(engine)
-        sessions = make_sessionmaker(engine)
-        env = {**os.environ, "BONSAI_HOME": str(tmp / "home"), "BONSAI_DATABASE_URL": db_url,
-               "BONSAI_BROKER_URL": broker, "BONSAI_STAGE_PACKAGE": "bench.scaling_stages",
-               "BENCH_SCALING_CKPT": str(ckpt), "BONSAI_WORKER_THREADS": str(threads)}
-        command = [sys.executable, "-m", "pipeline", "worker", "--concurrency", "1"]
-        with processes([[*command, "--hostname", f"scale{i}@%h"] for i in range(workers)], env, tmp):
-            time.sleep(3)  # workers connect and load the kernel
-            warm = submit(env, [f"warmup-{i}" for i in range(workers)])
-            wait_all_final(sessions, warm, 300)
-            batch = submit(env, [f"job-{i}" for i in range(n_jobs)])
-            wait_all_final(sessions, batch, 900)
-            window_s, durations = decompose_windows(sessions, batch)
-        engine.dispose()
+    extra = {"BENCH_SCALING_CKPT": str(ckpt), "BONSAI_WORKER_THREADS": str(threads)}
+    with bonsai_service(tmp, broker, "bench.scaling_stages", workers, "scale", extra) as (sessions, env):
+        warm = submit(env, [f"warmup-{i}" for i in range(workers)])
+        wait_all_final(sessions, warm, 300)
+        batch = submit(env, [f"job-{i}" for i in range(n_jobs)])
+        wait_all_final(sessions, batch, 900)
+        window_s, durations = decompose_windows(sessions, batch)
     return {"per_min": n_jobs / window_s * 60, "window_s": window_s,
             "median_stage_s": statistics.median(durations)}
 
