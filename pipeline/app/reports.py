@@ -51,8 +51,7 @@ def print_job(rt: Runtime, job_id: int, as_json: bool, against: int | None = Non
     with session_scope(rt.sessions) as session:
         job = repo.get_job(session, job_id)
         detail = views.job_detail(job, rt.store)
-        if rt.launcher is not None and not rt.launcher.is_embedded:
-            detail["waiting"] = views.job_waiting(session, job, rt.teams, rt.heartbeat_timeout_s)
+        views.add_waiting(detail, session, job, rt)
         if against is not None:
             detail["allocation_diff"] = allocation_diff(job, repo.get_job(session, against))
     if as_json:

@@ -16,6 +16,7 @@ from pipeline.db import team_usage
 from pipeline.db.models import Action, Job, StageRun, as_utc, utcnow
 from pipeline.orchestration import admission, coordinator
 from pipeline.orchestration.plan import plan_for
+from pipeline.orchestration.runtime import Runtime
 
 __all__ = ["job_summary", "job_detail", "run_view", "option_rows", "action_rows", "history_since",
            "LONG_OPTION_CHARS"]
@@ -72,12 +73,16 @@ def waiting_by_run(session: Any, teams: Teams, heartbeat_timeout_s: float) -> di
     return admission.waiting_reasons(session, teams, since)
 
 
-def job_waiting(session: Any, job: Job, teams: Teams, heartbeat_timeout_s: float) -> dict[str, str]:
-    """Why each of the job's attempts that wait for admission waits, by stage."""
+def add_waiting(detail: dict[str, Any], session: Any, job: Job, rt: Runtime) -> None:
+    """With workers (distributed mode), ``detail["waiting"]``: why each of the job's attempts that wait
+    for admission waits, by stage."""
+    if rt.launcher is None or rt.launcher.is_embedded:
+        return
+    detail["waiting"] = {}
     if not any(run.ready_at is not None and run.status is StageState.PENDING for run in job.stage_runs):
-        return {}
-    why = waiting_by_run(session, teams, heartbeat_timeout_s)
-    return {str(run.stage): why[run.id] for run in job.stage_runs if run.id in why}
+        return
+    why = waiting_by_run(session, rt.teams, rt.heartbeat_timeout_s)
+    detail["waiting"] = {str(run.stage): why[run.id] for run in job.stage_runs if run.id in why}
 
 
 def team_rows(session: Any, teams: Teams) -> list[dict[str, Any]]:
@@ -85,6 +90,7 @@ def team_rows(session: Any, teams: Teams) -> list[dict[str, Any]]:
     of the attempts in flight, its decayed usage, its caps and how much of its quota it uses."""
     usage = team_usage.usage_by_team(session, teams.usage_half_life_s, teams.policies)
     total = sum(use.in_flight for use in usage.values())
+    weights = sum(teams.policy(team).weight for team in usage)
     rows = []
     for team, use in usage.items():
         policy = teams.policy(team)
@@ -93,7 +99,7 @@ def team_rows(session: Any, teams: Teams) -> list[dict[str, Any]]:
             "team": team, "running": use.in_flight, "waiting": use.waiting,
             "pending_jobs": use.unfinished_jobs,
             "share": round(use.in_flight / total, 3) if total else 0.0,
-            "weighted_share": round(policy.weight / sum(teams.policy(t).weight for t in usage), 3),
+            "weighted_share": round(policy.weight / weights, 3),
             "usage_s": round(use.usage_s, 1), "stored_bytes": use.stored_bytes,
             # A quota of 0 is used up from the start.
             "quota_used": None if quota is None else (use.stored_bytes / quota if quota else 1.0),

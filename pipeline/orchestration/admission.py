@@ -19,7 +19,7 @@ from datetime import datetime
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, aliased
 
-from pipeline.core.states import JobState, StageName, StageState
+from pipeline.core.states import StageName, StageState
 from pipeline.core.teams import Teams
 from pipeline.db import repo, team_usage
 from pipeline.db.models import Job, StageRun, Worker
@@ -32,8 +32,6 @@ __all__ = ["next_job", "EMBEDDED_QUEUE", "Admitted", "admit_attempts", "queue_sl
 EMBEDDED_QUEUE = "embedded"
 # PostgreSQL advisory lock key of admission: two dispatchers never hand out the same free slot.
 _ADMISSION_KEY = -0x626F6E7361690002
-_IN_FLIGHT = (StageState.QUEUED.value, StageState.RUNNING.value)
-_UNFINISHED = (JobState.PENDING.value, JobState.RUNNING.value)
 
 
 @dataclass(frozen=True)
@@ -115,7 +113,7 @@ def _waiting(session: Session, first: int | None) -> list[Waiting]:
     ready = (select(StageRun.id, StageRun.stage, StageRun.ready_at, Job.team, Job.priority, rank)
              .join(Job, Job.id == StageRun.job_id)
              .where(StageRun.status == StageState.PENDING.value, StageRun.ready_at.is_not(None),
-                    StageRun.parent_run_id.is_(None), Job.status.in_(_UNFINISHED))).subquery()
+                    StageRun.parent_run_id.is_(None), Job.status.in_(team_usage.UNFINISHED))).subquery()
     query = select(ready.c.id, ready.c.stage, ready.c.ready_at, ready.c.team, ready.c.priority)
     if first is not None:
         query = query.where(ready.c.rank <= first)
@@ -129,7 +127,7 @@ def _in_flight(session: Session) -> tuple[dict[str, int], dict[str, int]]:
     has_shards = select(child.id).where(child.parent_run_id == StageRun.id).exists()
     rows = session.execute(
         select(StageRun.stage, Job.team, func.count(StageRun.id)).join(Job, Job.id == StageRun.job_id)
-        .where(StageRun.status.in_(_IN_FLIGHT), ~has_shards).group_by(StageRun.stage, Job.team))
+        .where(StageRun.status.in_(team_usage.IN_FLIGHT), ~has_shards).group_by(StageRun.stage, Job.team))
     queues: dict[str, int] = {}
     teams: dict[str, int] = {}
     for stage, team, count in rows:
@@ -144,8 +142,7 @@ def _usage(session: Session, waiting: Sequence[Waiting], teams: Teams) -> dict[s
     names = {w.team for w in waiting}
     if len(names) < 2:
         return {}
-    return {team: use.usage_s for team, use in
-            team_usage.usage_by_team(session, teams.usage_half_life_s, names).items() if team in names}
+    return team_usage.decayed_usage(session, teams.usage_half_life_s, names)
 
 
 def _hold_admission(session: Session) -> None:

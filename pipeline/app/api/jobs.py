@@ -152,9 +152,7 @@ def detail(
         job = _job_or_404(session, job_id)
         # No store: server paths stay private; artifacts download through /api/artifacts.
         found = views.job_detail(job)
-        rt = request.app.state.rt
-        if rt.launcher is not None and not rt.launcher.is_embedded:
-            found["waiting"] = views.job_waiting(session, job, rt.teams, rt.heartbeat_timeout_s)
+        views.add_waiting(found, session, job, request.app.state.rt)
         if against is not None:
             found["allocation_diff"] = allocation_diff(job, _job_or_404(session, against))
         return found
